@@ -1,0 +1,79 @@
+"""Typed shapes shared by the router, the workflow and the store."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+TRUST_BY_SOURCE: dict[str, str] = {
+    "github": "signed",
+    "gitea": "signed",
+    "stripe": "signed",
+    "slack": "signed",
+    "cairn": "signed",
+    "generic": "token",
+}
+SOURCE_TYPES = tuple(TRUST_BY_SOURCE)
+RESERVED_SOURCES = ("schedule",)
+
+
+class Target(BaseModel):
+    """One live delivery target of a webhook, with the scope queues read from switchboard state."""
+
+    endpoint_id: str
+    scope_queues: list[str]
+
+
+class Grant(BaseModel):
+    """Everything a delivery may reach, computed from switchboard state for one delivery."""
+
+    webhook_id: str
+    owner_endpoint_id: str
+    human_id: str
+    source: str
+    target_queue: str
+    allowed_queues: list[str]
+    targets: list[Target]
+    rules: list[dict[str, Any]] = Field(default_factory=list)
+    default_action: dict[str, Any] | None = None
+    params: dict[str, Any] | None = None
+
+    def queues(self) -> list[str]:
+        """Queues a rule may name: the target queue plus the owner's allowed webhook queues."""
+        out = [self.target_queue]
+        out.extend(q for q in self.allowed_queues if q not in out)
+        return out
+
+
+class Fault(BaseModel):
+    """A rule that did not match because it could not be evaluated."""
+
+    rule_index: int
+    rule_id: str | None = None
+    cause: Literal["error", "timeout", "compile_error", "budget_exhausted", "sandbox_busy", "sandbox_failure"]
+    detail: str | None = None
+
+
+class Evaluation(BaseModel):
+    """What the sandbox reports: the first matching rule index (or none) and the faults on the way."""
+
+    matched_index: int | None = None
+    faults: list[Fault] = Field(default_factory=list)
+
+
+class Delivery(BaseModel):
+    """One todo to mint: an endpoint and a queue."""
+
+    endpoint_id: str
+    queue: str
+
+
+class Decision(BaseModel):
+    """The router's verdict for one delivery, applied by the commit activity."""
+
+    disposition: Literal["routed", "dropped"]
+    deliveries: list[Delivery] = Field(default_factory=list)
+    trace: dict[str, Any]
+    once_key: str | None = None
+    work_order: dict[str, Any] | None = None

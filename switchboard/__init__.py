@@ -1,0 +1,1 @@
+"""Switchboard: webhook deliveries become durable, explainable work for AI agents."""
