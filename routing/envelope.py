@@ -2,25 +2,92 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 KIND_HEADERS = ("x-github-event", "x-gitea-event", "x-cairn-event")
+FORGE_SOURCES = ("gitea", "github", "generic")
+CAIRN_HANDLE_PREFIX = "mcp://cairn/"
+LABEL_ACTIONS = frozenset({"labeled", "unlabeled", "label_updated", "label_cleared"})
+# GitHub names the changed label only on these actions; Gitea's label_updated never says which moved.
+CHANGED_LABEL_ACTIONS = frozenset({"labeled", "unlabeled"})
+ARTIFACT_DATA_FIELDS = (
+    "id",
+    "url",
+    "title",
+    "share_type",
+    "channel",
+    "model",
+    "actor_id",
+    "on_behalf_of",
+    "expires_at",
+    "tags",
+    "metadata",
+)
+ENVELOPE_KEYS = (
+    "source",
+    "kind",
+    "webhook_id",
+    "trust_mode",
+    "verified",
+    "content_type",
+    "size",
+    "headers",
+    "payload",
+    "artifact",
+    "issue",
+)
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+
+class _NotJSON(ValueError):
+    """A body token that strict JSON does not allow (NaN, Infinity)."""
+
+
+def _parse_int(text: str) -> int | float:
+    """Integers that fit int64 stay exact; wider ones degrade to float as every other reader would."""
+    value = int(text)
+    if _INT64_MIN <= value <= _INT64_MAX:
+        return value
+    return _parse_float(text)
+
+
+def _parse_float(text: str) -> float:
+    """A float, clamped like jq clamps out-of-range literals so the envelope stays encodable JSON."""
+    value = float(text)
+    if value == float("inf"):
+        return sys.float_info.max
+    if value == float("-inf"):
+        return -sys.float_info.max
+    return value
+
+
+def _reject_constant(text: str) -> Any:
+    """NaN and Infinity are Python extensions, not JSON, so a body using them is not JSON."""
+    raise _NotJSON(text)
 
 
 def parse_payload(body: bytes) -> Any:
     """The body as exactly one JSON value, or None."""
     try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        # Decode as UTF-8 ourselves: json.loads(bytes) would also sniff UTF-16/32, which no producer sends.
+        text = body.decode("utf-8")
+        return json.loads(
+            text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_reject_constant
+        )
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
 
 
 def derive_kind(source: str, headers: Mapping[str, str], payload: Any) -> str | None:
     """cairn: the signed body's kind; otherwise the forge event headers in the spec's order."""
     if source == "cairn":
-        if isinstance(payload, dict) and isinstance(payload.get("kind"), str):
+        # The signed body wins: the X-Cairn-Event header is unsigned and must not change a verified kind.
+        if isinstance(payload, dict) and isinstance(payload.get("kind"), str) and payload["kind"]:
             return str(payload["kind"])
         return None
     for name in KIND_HEADERS:
@@ -28,3 +95,218 @@ def derive_kind(source: str, headers: Mapping[str, str], payload: Any) -> str | 
         if value:
             return value
     return None
+
+
+def _str_or_none(value: Any) -> str | None:
+    """Producer fields are untyped; anything but a string projects as null."""
+    return value if isinstance(value, str) else None
+
+
+def _login(value: Any) -> str | None:
+    """A forge user object's login, or None."""
+    return _str_or_none(value.get("login")) if isinstance(value, dict) else None
+
+
+def _present(value: Any) -> bool:
+    """A JSON member that exists and is not null."""
+    return value is not None
+
+
+def build_artifact(payload: Any) -> dict[str, Any]:
+    """The .artifact projection of a cairn body; every listed field present, absent ones null."""
+    root = payload if isinstance(payload, dict) else {}
+    data = root.get("data")
+    data = data if isinstance(data, dict) else {}
+    out: dict[str, Any] = {
+        "event_id": root.get("event_id"),
+        "kind": root.get("kind"),
+        "created_at": root.get("created_at"),
+    }
+    for name in ARTIFACT_DATA_FIELDS:
+        out[name] = data.get(name)
+    # tags are cairn's string list: passed through when a list, null otherwise (never coerced).
+    if not isinstance(out["tags"], list):
+        out["tags"] = None
+    artifact_id = data.get("id")
+    out["handle"] = (
+        CAIRN_HANDLE_PREFIX + artifact_id if isinstance(artifact_id, str) and artifact_id else None
+    )
+    return out
+
+
+def build_issue(source: str, headers: Mapping[str, str], payload: Any) -> dict[str, Any] | None:
+    """The .issue projection (SPEC-0020 "Issue Envelope Projection"), or None when not an issue."""
+    if source not in FORGE_SOURCES:
+        return None
+    gitea_event = headers.get("x-gitea-event")
+    github_event = headers.get("x-github-event")
+    event = gitea_event or github_event
+    if event != "issues":
+        return None
+    if source == "generic":
+        provider = "gitea" if gitea_event else "github"
+    else:
+        provider = source
+    if not isinstance(payload, dict):
+        return None
+    issue = payload.get("issue")
+    if not isinstance(issue, dict):
+        return None
+    # A pull request is never an issue, whichever way the forge marks it.
+    if _present(payload.get("pull_request")) or _present(issue.get("pull_request")):
+        return None
+    number = issue.get("number")
+    if isinstance(number, bool) or not isinstance(number, int) or number <= 0:
+        return None
+    repository = payload.get("repository")
+    repo = _str_or_none(repository.get("full_name")) if isinstance(repository, dict) else None
+    raw_labels = issue.get("labels")
+    labels: list[str] = []
+    if isinstance(raw_labels, list):
+        for entry in raw_labels:
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if isinstance(name, str):
+                labels.append(name)
+    action = _str_or_none(payload.get("action"))
+    label: str | None = None
+    changed = payload.get("label")
+    if action in CHANGED_LABEL_ACTIONS and isinstance(changed, dict):
+        label = _str_or_none(changed.get("name"))
+    body = issue.get("body")
+    return {
+        "provider": provider,
+        "action": action,
+        "event_type": headers.get("x-gitea-event-type") or "issues",
+        "repo": repo,
+        "number": number,
+        "title": _str_or_none(issue.get("title")),
+        "url": _str_or_none(issue.get("html_url")),
+        "state": _str_or_none(issue.get("state")),
+        "author": _login(issue.get("user")),
+        "sender": _login(payload.get("sender")),
+        "labels": labels,
+        "label": label,
+        "body_size": len(body.encode("utf-8")) if isinstance(body, str) else 0,
+        "label_event": action in LABEL_ACTIONS,
+        "key": f"{provider}:{repo}#{number}" if repo else None,
+    }
+
+
+def build_envelope(
+    *,
+    source: str,
+    webhook_id: str,
+    trust_mode: str,
+    verified: bool,
+    content_type: str | None,
+    headers: Mapping[str, str],
+    body: bytes,
+) -> dict[str, Any]:
+    """Build the routing envelope; switchboard-derived fields on top, producer content below."""
+    lowered = {str(name).lower(): str(value) for name, value in headers.items()}
+    payload = parse_payload(body)
+    # Every top-level key is assigned from switchboard state or a switchboard projection; nothing from
+    # the payload is ever merged into this dict, so a producer cannot forge .verified or .source.
+    return {
+        "source": source,
+        "kind": derive_kind(source, lowered, payload),
+        "webhook_id": webhook_id,
+        "trust_mode": trust_mode,
+        "verified": verified is True,
+        "content_type": content_type or None,
+        "size": len(body),
+        "headers": lowered,
+        "payload": payload,
+        "artifact": build_artifact(payload) if source == "cairn" else None,
+        "issue": build_issue(source, lowered, payload),
+    }
+
+
+def _as_dict(value: Any) -> dict[str, Any] | None:
+    """The value when it is a JSON object."""
+    return value if isinstance(value, dict) else None
+
+
+def subject_key(envelope: Mapping[str, Any] | None) -> str | None:
+    """The delivery subject's key: provider:owner/repo#number for an issue, cairn:<id> for an artifact."""
+    if envelope is None:
+        return None
+    issue = _as_dict(envelope.get("issue"))
+    if issue is not None:
+        key = issue.get("key")
+        return key if isinstance(key, str) and key else None
+    artifact = _as_dict(envelope.get("artifact"))
+    if artifact is not None and envelope.get("source") == "cairn":
+        artifact_id = artifact.get("id")
+        if isinstance(artifact_id, str) and artifact_id:
+            return "cairn:" + artifact_id
+    return None
+
+
+def once_key(subject: str | None, queue: str) -> str | None:
+    """once: + hex SHA-256 of subject key NUL queue, or None when there is no subject to key on."""
+    if not subject or not queue:
+        return None
+    digest = hashlib.sha256((subject + "\0" + queue).encode("utf-8")).hexdigest()
+    return "once:" + digest
+
+
+def issue_subject(envelope: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The work-order subject of an issue delivery, from switchboard's own .issue projection."""
+    issue = _as_dict(envelope.get("issue"))
+    if issue is None:
+        return None
+    subject: dict[str, Any] = {"type": "issue"}
+    for name in (
+        "provider",
+        "action",
+        "event_type",
+        "repo",
+        "number",
+        "title",
+        "url",
+        "state",
+        "author",
+        "sender",
+        "labels",
+        "label",
+        "body_size",
+        "key",
+    ):
+        subject[name] = issue.get(name)
+    subject["labels"] = list(subject["labels"] or [])
+    return subject
+
+
+def cairn_subject(envelope: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The work-order subject of a cairn artifact; tags keep only their string entries, in order."""
+    if envelope.get("source") != "cairn":
+        return None
+    artifact = _as_dict(envelope.get("artifact"))
+    if artifact is None:
+        return None
+    artifact_id = artifact.get("id")
+    if not isinstance(artifact_id, str) or not artifact_id:
+        return None
+    raw_tags = artifact.get("tags")
+    tags = [t for t in raw_tags if isinstance(t, str)] if isinstance(raw_tags, list) else []
+    return {
+        "type": "cairn_artifact",
+        "id": artifact_id,
+        "handle": CAIRN_HANDLE_PREFIX + artifact_id,
+        "url": _str_or_none(artifact.get("url")),
+        "title": _str_or_none(artifact.get("title")),
+        "share_type": _str_or_none(artifact.get("share_type")),
+        "actor_id": _str_or_none(artifact.get("actor_id")),
+        # Display only: client-reported, never a trust input.
+        "on_behalf_of": _str_or_none(artifact.get("on_behalf_of")),
+        "tags": tags,
+        "key": "cairn:" + artifact_id,
+    }
+
+
+def work_order_subject(envelope: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The issue or cairn subject a work order carries, or None when the delivery has none."""
+    if envelope is None:
+        return None
+    return issue_subject(envelope) or cairn_subject(envelope)

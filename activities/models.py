@@ -1,0 +1,37 @@
+"""Inputs and results of the activities (one model each, so fields can be added later)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from routing.models import Grant
+
+
+class LoadGrantInput(BaseModel):
+    webhook_id: str
+
+
+class LoadGrantResult(BaseModel):
+    """The grant, or None when the webhook no longer exists."""
+
+    grant: Grant | None = None
+
+
+class EvaluateInput(BaseModel):
+    rules: list[dict[str, Any]]
+    params: dict[str, Any] | None = None
+    envelope: dict[str, Any]
+
+
+class UpkeepInput(BaseModel):
+    retention_days: int = 30
+
+
+class UpkeepResult(BaseModel):
+    requeued: int = 0
+    dead_lettered: int = 0
+    retried: int = 0
+    events_pruned: int = 0
+    todos_pruned: int = 0

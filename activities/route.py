@@ -1,0 +1,73 @@
+"""Activities of RouteDelivery: thin wrappers over the store and the sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.models import EvaluateInput, LoadGrantInput, LoadGrantResult
+from routing.delivery import CommitInput, CommitResult
+from routing.models import Evaluation, Fault
+from store.deliveries import DeliveryStore
+from store.errors import NotFound
+from store.webhooks import WebhookStore
+
+log = logging.getLogger("switchboard.activities")
+
+
+class RouteActivities:
+    """Constructed once in the worker with the pool-backed stores and the sandbox pool."""
+
+    def __init__(
+        self,
+        webhooks: WebhookStore,
+        deliveries: DeliveryStore,
+        sandbox: object | None = None,
+        *,
+        commit_delay: float = 0.0,
+    ) -> None:
+        self.webhooks = webhooks
+        self.deliveries = deliveries
+        self.sandbox = sandbox
+        self.commit_delay = commit_delay
+
+    @activity.defn(name="load_grant")
+    async def load_grant(self, data: LoadGrantInput) -> LoadGrantResult:
+        """The webhook's config, rules, params and live targets in target order."""
+        try:
+            return LoadGrantResult(grant=await self.webhooks.load_grant(data.webhook_id))
+        except NotFound:
+            return LoadGrantResult(grant=None)
+
+    @activity.defn(name="evaluate_rules")
+    async def evaluate_rules(self, data: EvaluateInput) -> Evaluation:
+        """Evaluate the rule list in the sandbox, heartbeating so a dead worker is noticed in seconds."""
+        if not data.rules:
+            return Evaluation()
+        evaluate = getattr(self.sandbox, "evaluate", None)
+        if evaluate is None:
+            return Evaluation(faults=[Fault(rule_index=-1, cause="sandbox_failure", detail="no sandbox")])
+        task = asyncio.ensure_future(evaluate(data.rules, data.params, data.envelope))
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                break
+            activity.heartbeat()
+        result = task.result()
+        assert isinstance(result, Evaluation)
+        return result
+
+    @activity.defn(name="commit_delivery")
+    async def commit_delivery(self, data: CommitInput) -> CommitResult:
+        """One transaction: event, once-claim, todos, doorbell. Idempotent under retries."""
+        if self.commit_delay:
+            # Fault injection for crash tests only (SWITCHBOARD_FAULT_COMMIT_DELAY); zero in production.
+            await asyncio.sleep(self.commit_delay)
+        try:
+            return await self.deliveries.commit(data)
+        except Exception as exc:
+            log.exception("commit failed for webhook %s", data.delivery.webhook_id)
+            raise ApplicationError("commit failed", type=type(exc).__name__) from exc

@@ -1,0 +1,117 @@
+"""Operator verbs over POST /admin/v1/{verb}, guarded by the admin token."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Literal
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.deps import Services, services
+from store.errors import Unauthenticated
+
+
+class AdminInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateHumanInput(AdminInput):
+    name: str = Field(min_length=1, max_length=200)
+
+
+class CreateHumanOutput(BaseModel):
+    human_id: str
+
+
+class CreateAgentInput(AdminInput):
+    human_id: str
+    name: str = Field(min_length=1, max_length=200)
+
+
+class CreateAgentOutput(BaseModel):
+    agent_id: str
+
+
+class VendEndpointInput(AdminInput):
+    agent_id: str
+    queues: list[str] = Field(min_length=1)
+    verbs: list[str] = Field(min_length=1)
+    webhook_max: int = Field(default=0, ge=0, le=10_000)
+    webhook_source_types: list[str] = []
+    webhook_queues: list[str] = []
+
+
+class VendEndpointOutput(BaseModel):
+    endpoint_id: str
+    credential: str = Field(description="shown exactly once")
+    credential_prefix: str
+    agent_id: str
+    queues: list[str]
+    verbs: list[str]
+    webhook_max: int
+    webhook_source_types: list[str]
+    webhook_queues: list[str]
+
+
+class RevokeEndpointInput(AdminInput):
+    endpoint_id: str
+
+
+class OkOutput(BaseModel):
+    ok: bool = True
+
+
+class FriendEdgeInput(AdminInput):
+    from_human_id: str
+    to_human_id: str
+    state: Literal["pending", "approved", "denied", "revoked"]
+
+
+def require_admin(request: Request) -> Services:
+    """The admin token must match, compared in constant time."""
+    svc = services(request)
+    header = request.headers.get("authorization", "")
+    token = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    expected = svc.settings.admin_token or ""
+    if not token or not expected or not hmac.compare_digest(token.encode(), expected.encode()):
+        raise Unauthenticated("admin token required")
+    return svc
+
+
+router = APIRouter(prefix="/admin/v1", tags=["admin"])
+
+
+@router.post("/create_human", response_model=CreateHumanOutput, summary="Create a human.")
+async def create_human(body: CreateHumanInput, svc: Services = Depends(require_admin)) -> CreateHumanOutput:
+    return CreateHumanOutput(human_id=await svc.identities.create_human(body.name))
+
+
+@router.post("/create_agent", response_model=CreateAgentOutput, summary="Create an agent owned by a human.")
+async def create_agent(body: CreateAgentInput, svc: Services = Depends(require_admin)) -> CreateAgentOutput:
+    return CreateAgentOutput(agent_id=await svc.identities.create_agent(body.human_id, body.name))
+
+
+@router.post("/vend_endpoint", response_model=VendEndpointOutput, summary="Vend an endpoint; the credential is shown once.")
+async def vend_endpoint(body: VendEndpointInput, svc: Services = Depends(require_admin)) -> VendEndpointOutput:
+    made = await svc.identities.vend_endpoint(
+        agent_id=body.agent_id,
+        queues=body.queues,
+        verbs=body.verbs,
+        webhook_max=body.webhook_max,
+        webhook_source_types=body.webhook_source_types,
+        webhook_queues=body.webhook_queues,
+    )
+    return VendEndpointOutput.model_validate(made)
+
+
+@router.post("/revoke_endpoint", response_model=OkOutput, summary="Revoke an endpoint at once.")
+async def revoke_endpoint(body: RevokeEndpointInput, svc: Services = Depends(require_admin)) -> OkOutput:
+    await svc.identities.revoke_endpoint(body.endpoint_id)
+    return OkOutput()
+
+
+@router.post("/set_friend_edge", response_model=OkOutput, summary="Set the directional friend edge between two humans.")
+async def set_friend_edge(body: FriendEdgeInput, svc: Services = Depends(require_admin)) -> OkOutput:
+    await svc.identities.set_friend_edge(body.from_human_id, body.to_human_id, body.state)
+    return OkOutput()

@@ -1,0 +1,82 @@
+"""The FastAPI application: ingest, agent verbs, admin verbs, health."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from api import admin, ingest
+from api.agent import agent_router
+from api.deps import Services, services
+from api.errors import install_error_handlers
+from api.middleware import AgentAuthMiddleware, BodyLimitMiddleware, RequestLogMiddleware
+from store.db import open_pool
+from switchboard.settings import Settings
+from switchboard.temporal import connect
+
+log = logging.getLogger("switchboard.api")
+
+DESCRIPTION = """Switchboard turns webhook deliveries into durable, explainable work for AI agents.
+
+* Producers POST to `/webhooks/w/{ingest_token}`.
+* Agents call `POST /v1/{verb}` with `Authorization: Bearer sbk_…`.
+* Operators call `POST /admin/v1/{verb}` with the admin token.
+"""
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """Build the app; the lifespan opens the pool and the Temporal client."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        assert settings.database_url, "SWITCHBOARD_DATABASE_URL is not set"
+        settings.ensure_generated_secrets()
+        pool = await open_pool(settings.database_url, max_size=settings.db_pool_max)
+        # Lazy: the API comes up (and answers 503 on ingest) even while Temporal is unreachable.
+        client = await connect(settings, lazy=True) if settings.temporal_address else None
+        app.state.services = Services.build(settings, pool, client)
+        try:
+            yield
+        finally:
+            await pool.close()
+
+    app = FastAPI(
+        title="Switchboard",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(ingest.router)
+    app.include_router(agent_router())
+    app.include_router(admin.router)
+
+    @app.get("/healthz", summary="Ready when PostgreSQL and Temporal answer.", tags=["health"])
+    async def healthz(request: Request) -> JSONResponse:
+        svc = services(request)
+        checks: dict[str, str] = {}
+        try:
+            async with svc.pool.connection() as conn:
+                await conn.execute("SELECT 1")
+            checks["postgres"] = "ok"
+        except Exception:
+            checks["postgres"] = "unavailable"
+        try:
+            assert svc.temporal is not None
+            await svc.temporal.service_client.check_health()
+            checks["temporal"] = "ok"
+        except Exception:
+            checks["temporal"] = "unavailable"
+        ok = all(v == "ok" for v in checks.values())
+        return JSONResponse({"status": "ok" if ok else "degraded", **checks}, status_code=200 if ok else 503)
+
+    app.add_middleware(AgentAuthMiddleware)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.agent_body_max, prefixes=("/v1/", "/admin/", "/mcp"))
+    app.add_middleware(RequestLogMiddleware)
+    return app
+
+

@@ -1,0 +1,57 @@
+"""The services a request handler may use, built once in the app lifespan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
+
+from api.ratelimit import TokenBuckets
+from store.crypto import SecretBox
+from store.identity import IdentityStore
+from store.todos import TodoStore
+from store.webhooks import WebhookStore
+from switchboard.settings import Settings
+
+
+@dataclass
+class Services:
+    """Stores, clients and limiters shared by every request of one API process."""
+
+    settings: Settings
+    pool: AsyncConnectionPool
+    temporal: Client | None
+    identities: IdentityStore
+    webhooks: WebhookStore
+    todos: TodoStore
+    ingest_limits: TokenBuckets
+    agent_limits: TokenBuckets
+    webhook_admin_limits: TokenBuckets
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, settings: Settings, pool: AsyncConnectionPool, temporal: Client | None) -> Services:
+        """Wire stores over one pool."""
+        assert settings.secret_key
+        box = SecretBox(settings.secret_key)
+        return cls(
+            settings=settings,
+            pool=pool,
+            temporal=temporal,
+            identities=IdentityStore(pool),
+            webhooks=WebhookStore(pool, box),
+            todos=TodoStore(pool),
+            ingest_limits=TokenBuckets(settings.ingest_rate_per_second, settings.ingest_rate_burst),
+            agent_limits=TokenBuckets(settings.agent_rate_per_second, settings.agent_rate_burst),
+            webhook_admin_limits=TokenBuckets(settings.webhook_admin_rate_per_second, settings.webhook_admin_rate_burst),
+        )
+
+
+def services(request: Request) -> Services:
+    """The Services of the running app."""
+    svc = request.app.state.services
+    assert isinstance(svc, Services)
+    return svc

@@ -1,0 +1,179 @@
+"""ASGI middleware: request ids and logs, security headers, body caps, agent authentication."""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.ratelimit import retry_after
+from store.errors import Unauthenticated
+
+log = logging.getLogger("switchboard.http")
+
+SECURITY_HEADERS = [
+    (b"content-security-policy", b"default-src 'none'"),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"strict-origin-when-cross-origin"),
+]
+# The interactive docs need scripts and styles from the page itself.
+DOCS_CSP = b"default-src 'none'; script-src 'self' 'unsafe-inline' https:; style-src 'self' 'unsafe-inline' https:; img-src 'self' data: https:; connect-src 'self'"
+
+
+async def send_json(send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Answer straight from middleware."""
+    raw = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+            + (headers or []),
+        }
+    )
+    await send({"type": "http.response.body", "body": raw})
+
+
+class RequestLogMiddleware:
+    """Adds security headers and a request id to every response and logs one structured line."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = secrets.token_hex(8)
+        scope.setdefault("state", {})["request_id"] = request_id
+        started = time.perf_counter()
+        status = 0
+        path = scope.get("path", "")
+        is_docs = path in ("/docs", "/redoc") or path.startswith("/docs/")
+
+        async def wrapped(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = [h for h in message.get("headers", []) if h[0].lower() not in {k for k, _ in SECURITY_HEADERS}]
+                for name, value in SECURITY_HEADERS:
+                    headers.append((name, DOCS_CSP if (is_docs and name == b"content-security-policy") else value))
+                headers.append((b"x-request-id", request_id.encode()))
+                message["headers"] = headers
+            await send(message)
+
+        try:
+            await self.app(scope, receive, wrapped)
+        finally:
+            # Paths carry ingest tokens: log only the route family, never the token itself.
+            shown = "/webhooks/w/«token»" if path.startswith("/webhooks/w/") else path
+            log.info(
+                "request",
+                extra={
+                    "request_id": request_id,
+                    "method": scope.get("method"),
+                    "path": shown,
+                    "status": status,
+                    "ms": round((time.perf_counter() - started) * 1000, 1),
+                },
+            )
+
+
+class BodyLimitMiddleware:
+    """Refuses request bodies over the cap before anything decodes them (agent, admin and MCP routes)."""
+
+    def __init__(self, app: ASGIApp, limit: int, prefixes: tuple[str, ...]) -> None:
+        self.app = app
+        self.limit = limit
+        self.prefixes = prefixes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope.get("path", "").startswith(self.prefixes):
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await send_json(send, 413, {"error": {"code": "too_large", "message": "request body too large"}})
+                return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await send_json(send, 413, {"error": {"code": "too_large", "message": "request body too large"}})
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+class AgentAuthMiddleware:
+    """Resolves the bearer credential for agent routes before any body is parsed; verb allowlist and rate limit."""
+
+    def __init__(self, app: ASGIApp, prefixes: tuple[str, ...] = ("/v1/", "/mcp")) -> None:
+        self.app = app
+        self.prefixes = prefixes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith(self.prefixes):
+            await self.app(scope, receive, send)
+            return
+        from api.deps import Services
+
+        services = scope["app"].state.services
+        assert isinstance(services, Services)
+        token = ""
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                raw = value.decode("latin-1")
+                if raw[:7].lower() == "bearer ":
+                    token = raw[7:].strip()
+        if not token:
+            await send_json(
+                send, 401, {"error": {"code": "unauthenticated", "message": "missing bearer credential"}},
+                [(b"www-authenticate", b"Bearer")],
+            )
+            return
+        try:
+            caller = await services.identities.authenticate(token)
+        except Unauthenticated as exc:
+            await send_json(send, 401, {"error": {"code": "unauthenticated", "message": exc.message}},
+                            [(b"www-authenticate", b"Bearer")])
+            return
+        if path.startswith("/v1/"):
+            from api.verbs import REGISTRY
+
+            name = path[len("/v1/"):]
+            verb = REGISTRY.get(name)
+            if verb is not None and name not in caller.scope_verbs:
+                await send_json(send, 403, {"error": {"code": "forbidden", "message": f"verb {name} is not in this endpoint's allowlist"}})
+                return
+            limits = services.webhook_admin_limits if verb is not None and verb.rate_class == "webhook_admin" else services.agent_limits
+            wait = limits.take(caller.endpoint_id)
+            if wait:
+                await send_json(send, 429, {"error": {"code": "rate_limited", "message": "rate limit exceeded"}},
+                                [(b"retry-after", retry_after(wait).encode())])
+                return
+        scope.setdefault("state", {})["caller"] = caller
+        await self.app(scope, receive, send)

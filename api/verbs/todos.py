@@ -1,0 +1,157 @@
+"""Drain verbs: list, get, claim, claim_next, complete, fail, heartbeat, release."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from api.verbs.registry import Context, VerbInput, verb
+from store.models import Todo
+
+State = Literal["pending", "claimed", "done", "failed", "canceled"]
+
+
+class TodoOut(BaseModel):
+    """A todo as agents see it, with its routing trace and work order."""
+
+    id: str
+    endpoint_id: str
+    queue: str
+    source: str
+    kind: str | None
+    title: str
+    state: str
+    owner: str | None
+    attempt: int
+    max_attempts: int
+    lease_expires_at: datetime | None
+    next_retry_at: datetime | None
+    event_id: str | None
+    idempotency_key: str
+    created_at: datetime
+    updated_at: datetime
+    claimed_at: datetime | None
+    completed_at: datetime | None
+    last_error: str | None = None
+    result: Any = None
+    routing: dict[str, Any] | None = None
+    work_order: dict[str, Any] | None = None
+    payload: Any = None
+
+
+class TodoSummary(BaseModel):
+    """A compact row for list_todos."""
+
+    id: str
+    queue: str
+    state: str
+    attempt: int
+    title: str
+    kind: str | None
+    source: str
+    owner: str | None
+    created_at: datetime
+    lease_expires_at: datetime | None
+    next_retry_at: datetime | None
+    routing: dict[str, Any] | None = None
+    work_order: dict[str, Any] | None = None
+
+
+def _full(todo: Todo) -> TodoOut:
+    return TodoOut.model_validate(todo.model_dump())
+
+
+class ListTodosInput(VerbInput):
+    queue: str | None = None
+    state: State | None = None
+    limit: int = Field(default=50, ge=1, le=500)
+
+
+class ListTodosOutput(BaseModel):
+    todos: list[TodoSummary]
+
+
+class TodoIdInput(VerbInput):
+    todo_id: str = Field(min_length=1, max_length=100)
+
+
+class ClaimInput(VerbInput):
+    todo_id: str = Field(min_length=1, max_length=100)
+    lease_seconds: int | None = Field(default=None, ge=1)
+
+
+class ClaimNextInput(VerbInput):
+    queue: str | None = None
+    lease_seconds: int | None = Field(default=None, ge=1)
+
+
+class ClaimNextOutput(BaseModel):
+    empty: bool = False
+    todo: TodoOut | None = None
+
+
+class CompleteInput(VerbInput):
+    todo_id: str = Field(min_length=1, max_length=100)
+    result: Any = None
+
+
+class FailInput(VerbInput):
+    todo_id: str = Field(min_length=1, max_length=100)
+    error: str | None = Field(default=None, max_length=4000)
+    result: Any = None
+
+
+class HeartbeatInput(VerbInput):
+    todo_id: str = Field(min_length=1, max_length=100)
+    lease_seconds: int | None = Field(default=None, ge=1)
+
+
+class TodoResult(BaseModel):
+    todo: TodoOut
+
+
+@verb("list_todos", input=ListTodosInput, output=ListTodosOutput, family="todos",
+      summary="List todos in the endpoint's queues, newest first.")
+async def list_todos(ctx: Context, data: ListTodosInput) -> ListTodosOutput:
+    rows = await ctx.services.todos.list(ctx.caller, data.queue, data.state, data.limit)
+    return ListTodosOutput(todos=[TodoSummary.model_validate(r.model_dump()) for r in rows])
+
+
+@verb("get_todo", input=TodoIdInput, output=TodoResult, family="todos", summary="One todo with its trace and payload.")
+async def get_todo(ctx: Context, data: TodoIdInput) -> TodoResult:
+    return TodoResult(todo=_full(await ctx.services.todos.get(ctx.caller, data.todo_id)))
+
+
+@verb("claim", input=ClaimInput, output=TodoResult, family="todos", summary="Claim a pending todo with a lease.")
+async def claim(ctx: Context, data: ClaimInput) -> TodoResult:
+    return TodoResult(todo=_full(await ctx.services.todos.claim(ctx.caller, data.todo_id, data.lease_seconds)))
+
+
+@verb("claim_next", input=ClaimNextInput, output=ClaimNextOutput, family="todos",
+      summary="Claim the oldest pending todo in scope; {empty: true} when there is none.")
+async def claim_next(ctx: Context, data: ClaimNextInput) -> ClaimNextOutput:
+    todo = await ctx.services.todos.claim_next(ctx.caller, data.queue, data.lease_seconds)
+    return ClaimNextOutput(empty=True) if todo is None else ClaimNextOutput(todo=_full(todo))
+
+
+@verb("complete", input=CompleteInput, output=TodoResult, family="todos", summary="Mark a held todo done.")
+async def complete(ctx: Context, data: CompleteInput) -> TodoResult:
+    return TodoResult(todo=_full(await ctx.services.todos.complete(ctx.caller, data.todo_id, data.result)))
+
+
+@verb("fail", input=FailInput, output=TodoResult, family="todos",
+      summary="Fail a held todo: retry after backoff, or dead letter at the attempt cap.")
+async def fail(ctx: Context, data: FailInput) -> TodoResult:
+    return TodoResult(todo=_full(await ctx.services.todos.fail(ctx.caller, data.todo_id, data.error, data.result)))
+
+
+@verb("heartbeat", input=HeartbeatInput, output=TodoResult, family="todos", summary="Extend the lease on a held todo.")
+async def heartbeat(ctx: Context, data: HeartbeatInput) -> TodoResult:
+    return TodoResult(todo=_full(await ctx.services.todos.heartbeat(ctx.caller, data.todo_id, data.lease_seconds)))
+
+
+@verb("release", input=TodoIdInput, output=TodoResult, family="todos", summary="Give a held todo back to the queue.")
+async def release(ctx: Context, data: TodoIdInput) -> TodoResult:
+    return TodoResult(todo=_full(await ctx.services.todos.release(ctx.caller, data.todo_id)))

@@ -1,0 +1,82 @@
+"""A verified delivery as it travels from the receiver through the workflow to the commit."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from routing.models import Decision
+
+
+class DeliveryInput(BaseModel):
+    """Everything the receiver established before any write: the RouteDelivery workflow's input."""
+
+    webhook_id: str
+    endpoint_id: str
+    source: str
+    kind: str | None
+    external_id: str
+    trust_mode: str
+    verified: bool
+    verify_detail: str
+    content_type: str | None
+    headers: dict[str, str]
+    body_b64: str
+    source_ip: str | None
+    received_at: str
+
+    def body(self) -> bytes:
+        """The raw body, exactly as received."""
+        return base64.b64decode(self.body_b64)
+
+
+class CommitInput(BaseModel):
+    """The commit activity's input: the delivery and the router's decision."""
+
+    delivery: DeliveryInput
+    decision: Decision
+    workflow_id: str | None = None
+
+
+class TodoRef(BaseModel):
+    """One todo a delivery produced (or found, on a redelivery)."""
+
+    id: str
+    endpoint_id: str
+    queue: str
+    created: bool
+
+
+class CommitResult(BaseModel):
+    """What the receiver tells the producer, and what the workflow returns."""
+
+    status: str = "committed"  # committed | no_targets
+    event_id: str | None = None
+    todos: list[TodoRef] = Field(default_factory=list)
+    created: int = 0
+    duplicate: bool = False
+    dropped: bool = False
+    repeat: bool = False
+    verified: bool = False
+    trust_mode: str = ""
+    disposition: str = "routed"
+    rule_id: str | None = None
+
+    def response_body(self) -> dict[str, Any]:
+        """The documented 202 body; never echoes the trace."""
+        body: dict[str, Any] = {
+            "event_id": self.event_id,
+            "todos": [t.model_dump() for t in self.todos],
+            "created": self.created,
+            "verified": self.verified,
+            "trust_mode": self.trust_mode,
+        }
+        if self.duplicate:
+            body["duplicate"] = True
+        if self.dropped:
+            body["dropped"] = True
+        if self.repeat:
+            body["repeat"] = True
+        return body

@@ -1,0 +1,611 @@
+"""Rule evaluation in warm, memory-capped jq child processes (SPEC-0020 "Out-of-process evaluation").
+
+A delivery's rule list goes to one warm child as a single request line; the child answers with one line
+per rule, so the parent can tell which rule is running, kill the child when that rule overruns, and
+carry on with the remaining rules on a spare child. Children are the same interpreter re-executed with
+an empty environment, stderr discarded and an address-space cap; they return only indexes and faults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+import time
+from collections import deque
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from routing.models import Evaluation, Fault
+from routing.sandbox_child import PREFIX, RuleEngine, input_text
+
+log = logging.getLogger(__name__)
+
+CHILD_SCRIPT: Final = Path(__file__).with_name("sandbox_child.py")
+_SPAWN_TIMEOUT: Final = 10.0
+_REAP_TIMEOUT: Final = 5.0
+_MAX_LINE: Final = 64 * 1024
+_MAX_REPLACEMENTS: Final = 4  # children killed or lost for one delivery before the rest fails closed
+_DETAIL_MAX: Final = 200
+_OUTCOMES: Final = frozenset({"match", "nomatch", "error", "compile_error"})
+
+Ending = Literal["complete", "match", "timeout", "budget", "hard_deadline", "died", "violation"]
+
+
+class ProtocolViolation(Exception):
+    """A child line carried the protocol prefix but not a reply the parent asked for."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One parsed child reply: an acknowledgement or one rule's outcome."""
+
+    kind: Literal["ack", "result"]
+    rule_index: int = -1
+    outcome: str = ""
+    detail: str | None = None
+
+
+def parse_reply(line: bytes, *, seq: int, expected_index: int, rule_count: int) -> Reply | None:
+    """Parse one child line for request ``seq``; None means ignore it, ProtocolViolation means fail closed.
+
+    Lines without the prefix and replies to other requests are ignored. A prefixed reply whose rule
+    index is out of range or out of order (e.g. a forged match) is a violation: the parent records no
+    match and a sandbox_failure.
+    """
+    if not line.startswith(PREFIX):
+        return None
+    try:
+        fields = json.loads(line[len(PREFIX) :])
+    except ValueError as exc:
+        raise ProtocolViolation("unparseable reply") from exc
+    if not isinstance(fields, list) or len(fields) < 2 or type(fields[0]) is not int:
+        raise ProtocolViolation("malformed reply")
+    if fields[0] != seq:
+        return None
+    if fields[1] == "ack" and len(fields) == 2:
+        return Reply(kind="ack")
+    if fields[1] != "r" or len(fields) != 5:
+        raise ProtocolViolation("malformed reply")
+    _, _, index, outcome, detail = fields
+    if type(index) is not int or not 0 <= index < rule_count:
+        raise ProtocolViolation(f"rule index {index!r} out of range")
+    if index != expected_index:
+        raise ProtocolViolation(f"rule index {index} out of order (expected {expected_index})")
+    if outcome not in _OUTCOMES or not (detail is None or isinstance(detail, str)):
+        raise ProtocolViolation("malformed result")
+    return Reply(kind="result", rule_index=index, outcome=outcome, detail=detail and detail[:_DETAIL_MAX])
+
+
+@dataclass
+class _Run:
+    """One request on one child: the rules from ``next_index`` to ``end`` and what came back."""
+
+    seq: int
+    next_index: int
+    end: int
+    rule_timeout: float
+    budget_at: float
+    hard_at: float
+    sent_at: float
+    rule_started: float
+    future: asyncio.Future[_Run]
+    acked: bool = False
+    outcomes: list[tuple[int, str, str | None]] = field(default_factory=list)
+    ending: Ending = "complete"
+    detail: str = ""
+    elapsed: float = 0.0
+    timer: asyncio.TimerHandle | None = None
+
+
+class _Protocol(asyncio.SubprocessProtocol):
+    def __init__(self, child: _Child) -> None:
+        self._child = child
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        self._child.transport = transport
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        if fd == 1 and isinstance(data, bytes):
+            self._child.data_received(data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd == 1:
+            self._child.eof_received()
+
+    def process_exited(self) -> None:
+        self._child.process_exited()
+
+
+class _Child:
+    """One sandbox child process and the request it is answering, driven by protocol callbacks."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.SubprocessTransport | None = None
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.dead = False  # killed, or stdout closed: never reused
+        self._buffer = b""
+        self._run: _Run | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.transport.get_pid() if self.transport else None
+
+    @property
+    def usable(self) -> bool:
+        return not self.dead and not self.exited.done() and self._run is None
+
+    async def start(self, argv: Sequence[str]) -> None:
+        await self.loop.subprocess_exec(
+            lambda: _Protocol(self),
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            env={},
+            start_new_session=True,  # a terminal's ^C goes to the parent, which reaps its children
+        )
+        async with asyncio.timeout(_SPAWN_TIMEOUT):
+            await self.ready
+
+    def run(
+        self,
+        request: bytes,
+        *,
+        seq: int,
+        start: int,
+        end: int,
+        rule_timeout: float,
+        budget_at: float,
+        hard_at: float,
+    ) -> asyncio.Future[_Run]:
+        """Send one request; the future resolves (never fails) when the child answers or is killed."""
+        now = self.loop.time()
+        run = _Run(
+            seq=seq,
+            next_index=start,
+            end=end,
+            rule_timeout=rule_timeout,
+            budget_at=budget_at,
+            hard_at=hard_at,
+            sent_at=now,
+            rule_started=now,
+            future=self.loop.create_future(),
+        )
+        self._run = run
+        if self.dead or self.transport is None:
+            self._finish(run, "died", "sandbox child gone before the request")
+            return run.future
+        stdin = self.transport.get_pipe_transport(0)
+        assert isinstance(stdin, asyncio.WriteTransport)
+        stdin.write(request)
+        self._arm(run)
+        return run.future
+
+    def _arm(self, run: _Run) -> None:
+        when = min(run.rule_started + run.rule_timeout, run.budget_at, run.hard_at)
+        run.timer = self.loop.call_at(when, self._on_timer, run)
+
+    def _on_timer(self, run: _Run) -> None:
+        if run.future.done():
+            return
+        now = self.loop.time()
+        if now >= run.hard_at:
+            self._finish(run, "hard_deadline", "hard deadline reached")
+        elif now >= run.budget_at:
+            self._finish(run, "budget", "event budget spent")
+        elif now >= run.rule_started + run.rule_timeout:
+            if run.acked:
+                self._finish(run, "timeout", f"rule ran past {run.rule_timeout * 1000:.0f} ms; child killed")
+            else:
+                self._finish(run, "violation", "sandbox child did not acknowledge the request")
+        else:
+            self._arm(run)
+
+    def _finish(self, run: _Run, ending: Ending, detail: str = "") -> None:
+        if run.future.done():
+            return
+        if run.timer is not None:
+            run.timer.cancel()
+        self._run = None
+        run.ending, run.detail = ending, detail
+        run.elapsed = self.loop.time() - run.sent_at
+        if ending not in ("complete", "match"):
+            self.kill()
+        run.future.set_result(run)
+
+    def data_received(self, data: bytes) -> None:
+        if self.dead:
+            return
+        *lines, self._buffer = (self._buffer + data).split(b"\n")
+        for line in lines:
+            self._line(line)
+        if len(self._buffer) > _MAX_LINE:
+            self._violation("oversized reply line")
+
+    def _violation(self, detail: str) -> None:
+        if self._run is not None:
+            self._finish(self._run, "violation", detail)
+        else:
+            self.kill()
+
+    def _line(self, line: bytes) -> None:
+        if not self.ready.done():
+            if line == PREFIX + b'[0,"ready"]':
+                self.ready.set_result(None)
+            return
+        run = self._run
+        if run is None:
+            return
+        try:
+            reply = parse_reply(line, seq=run.seq, expected_index=run.next_index, rule_count=run.end)
+        except ProtocolViolation as exc:
+            self._finish(run, "violation", str(exc))
+            return
+        if reply is None:
+            return
+        # Progress only moves the running rule's start; the timer re-arms itself lazily when it fires.
+        run.rule_started = self.loop.time()
+        if reply.kind == "ack":
+            run.acked = True
+            return
+        if not run.acked:
+            self._finish(run, "violation", "result before acknowledgement")
+            return
+        run.outcomes.append((reply.rule_index, reply.outcome, reply.detail))
+        run.next_index += 1
+        if reply.outcome == "match":
+            self._finish(run, "match")
+        elif run.next_index == run.end:
+            self._finish(run, "complete")
+
+    def eof_received(self) -> None:
+        self.dead = True
+        if self._run is not None:
+            self._finish(self._run, "died", "sandbox child exited")
+        if not self.ready.done():
+            self.ready.set_exception(RuntimeError("sandbox child exited during start-up"))
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+        if not self.ready.done():
+            self.ready.set_exception(RuntimeError("sandbox child exited during start-up"))
+
+    def kill(self) -> None:
+        self.dead = True
+        if self.transport is not None and self.transport.get_returncode() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.transport.kill()
+
+    async def reap(self) -> None:
+        """Kill if still running, wait for the exit status (no zombie) and close the transport."""
+        self.kill()
+        if self.transport is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_REAP_TIMEOUT):
+                    await self.exited
+            self.transport.close()
+        if self.ready.done() and not self.ready.cancelled():
+            self.ready.exception()  # retrieved, so a failed start-up is not reported as never retrieved
+
+
+def _fault(index: int, rule_ids: list[str | None], cause: str, detail: str | None) -> Fault:
+    return Fault.model_validate(
+        {
+            "rule_index": index,
+            "rule_id": rule_ids[index] if index >= 0 else None,
+            "cause": cause,
+            "detail": detail,
+        }
+    )
+
+
+def _rule_fields(rules: list[dict[str, Any]]) -> tuple[list[object], list[str | None]]:
+    exprs: list[object] = []
+    ids: list[str | None] = []
+    for rule in rules:
+        rule_map = rule if isinstance(rule, dict) else {}
+        exprs.append(rule_map.get("expr"))
+        rule_id = rule_map.get("id")
+        ids.append(None if rule_id is None else str(rule_id))
+    return exprs, ids
+
+
+def _encode_input(params: dict[str, Any] | None, envelope: dict[str, Any]) -> str:
+    # Python ints of any size encode exactly and libjq keeps integer literals, so >2^53 ids compare right.
+    return input_text(params, json.dumps(envelope, separators=(",", ":"), allow_nan=False))
+
+
+def _failure(detail: str) -> Evaluation:
+    return Evaluation(faults=[Fault(rule_index=-1, cause="sandbox_failure", detail=detail)])
+
+
+class SandboxPool:
+    """Evaluates rule lists in at most ``max_children`` concurrent children, kept warm plus one spare."""
+
+    def __init__(
+        self,
+        *,
+        max_children: int = 2,
+        rule_timeout: float = 0.05,
+        event_budget: float = 0.25,
+        hard_deadline: float = 2.0,
+        memory_limit: int = 128 * 1024 * 1024,
+        acquire_timeout: float = 1.0,
+    ) -> None:
+        self._max_children = max_children
+        self._rule_timeout = rule_timeout
+        self._event_budget = event_budget
+        self._hard_deadline = hard_deadline
+        self._acquire_timeout = acquire_timeout
+        self._argv: list[str] = [
+            sys.executable,
+            "-I",
+            "-B",
+            str(CHILD_SCRIPT),
+            str(memory_limit),
+            repr(hard_deadline),
+        ]
+        self._slots = asyncio.Semaphore(max_children)
+        self._target = max_children + 1  # a spare replaces a killed child without waiting for a spawn
+        self._children: set[_Child] = set()  # every child not yet reaped, for close()
+        self._live: set[_Child] = set()  # started children not discarded: idle or evaluating
+        self._idle: list[_Child] = []
+        self._waiters: deque[asyncio.Future[_Child]] = deque()
+        self._spawning = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._seq = 0
+        self._closed = False
+
+    async def evaluate(
+        self, rules: list[dict[str, Any]], params: dict[str, Any] | None, envelope: dict[str, Any]
+    ) -> Evaluation:
+        """First-match-wins evaluation of ``rules``; faults are recorded, never raised."""
+        if not rules:
+            return Evaluation()
+        if self._closed:
+            return _failure("sandbox pool is closed")
+        try:
+            text = _encode_input(params, envelope).encode()
+        except (TypeError, ValueError) as exc:
+            return _failure(f"event not JSON-encodable: {type(exc).__name__}")
+        exprs, rule_ids = _rule_fields(rules)
+        try:
+            async with asyncio.timeout(self._acquire_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            return Evaluation(
+                faults=[
+                    Fault(
+                        rule_index=-1,
+                        cause="sandbox_busy",
+                        detail=f"no sandbox slot within {self._acquire_timeout * 1000:.0f} ms",
+                    )
+                ]
+            )
+        try:
+            return await self._evaluate_in_slot(exprs, rule_ids, text)
+        finally:
+            self._slots.release()
+
+    async def _evaluate_in_slot(
+        self, exprs: list[object], rule_ids: list[str | None], text: bytes
+    ) -> Evaluation:
+        loop = asyncio.get_running_loop()
+        hard_at = loop.time() + self._hard_deadline
+        budget_left = self._event_budget  # spent only while a child evaluates, not while one spawns
+        faults: list[Fault] = []
+        count = len(exprs)
+        index = 0
+        replacements = 0
+        while index < count:
+            if budget_left <= 0:
+                faults.extend(
+                    _fault(i, rule_ids, "budget_exhausted", "event budget spent") for i in range(index, count)
+                )
+                break
+            if replacements > _MAX_REPLACEMENTS:
+                faults.append(
+                    _fault(-1, rule_ids, "sandbox_failure", f"too many child failures; rules {index}..")
+                )
+                break
+            child = await self._take(hard_at)
+            if child is None:
+                faults.append(_fault(-1, rule_ids, "sandbox_failure", f"no sandbox child; rules {index}.."))
+                break
+            self._seq += 1
+            header = json.dumps(
+                {"seq": self._seq, "start": index, "exprs": exprs[index:]}, separators=(",", ":")
+            )
+            try:
+                run = await child.run(
+                    header.encode() + b"\t" + text + b"\n",
+                    seq=self._seq,
+                    start=index,
+                    end=count,
+                    rule_timeout=self._rule_timeout,
+                    budget_at=loop.time() + budget_left,
+                    hard_at=hard_at,
+                )
+            except BaseException:
+                self._discard(child)  # cancelled mid-request: the child's state is unknown
+                raise
+            budget_left -= run.elapsed
+            for rule_index, outcome, detail in run.outcomes:
+                if outcome == "match":
+                    self._release(child)
+                    return Evaluation(matched_index=rule_index, faults=faults)
+                if outcome != "nomatch":
+                    faults.append(_fault(rule_index, rule_ids, outcome, detail))
+            index = run.next_index
+            if run.ending == "complete":
+                self._release(child)
+                break
+            self._discard(child)
+            replacements += 1
+            if run.ending == "timeout":
+                faults.append(_fault(index, rule_ids, "timeout", run.detail))
+                index += 1
+            elif run.ending == "died" and run.acked:
+                # libjq aborts the process when the address-space cap refuses an allocation.
+                faults.append(_fault(index, rule_ids, "error", "sandbox child died (memory limit?)"))
+                index += 1
+            elif run.ending == "budget":
+                faults.extend(
+                    _fault(i, rule_ids, "budget_exhausted", run.detail) for i in range(index, count)
+                )
+                break
+            else:
+                faults.append(_fault(-1, rule_ids, "sandbox_failure", f"{run.detail}; rules {index}.."))
+                break
+        return Evaluation(matched_index=None, faults=faults)
+
+    async def _take(self, hard_at: float) -> _Child | None:
+        while self._idle:
+            child = self._idle.pop()
+            if child.usable:
+                self._replenish()
+                return child
+            self._discard(child)
+        waiter: asyncio.Future[_Child] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self._replenish()
+        try:
+            async with asyncio.timeout_at(hard_at):
+                return await waiter
+        except (TimeoutError, RuntimeError):  # no child in time, or none could start
+            self._unclaim(waiter)
+            return None
+        except BaseException:
+            self._unclaim(waiter)
+            raise
+
+    def _unclaim(self, waiter: asyncio.Future[_Child]) -> None:
+        """A child handed to a waiter that gave up goes back to the pool."""
+        if not waiter.done():
+            waiter.cancel()
+        elif not waiter.cancelled() and waiter.exception() is None:
+            self._release(waiter.result())
+
+    def _offer(self, child: _Child) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(child)
+                return
+        self._idle.append(child)
+
+    def _release(self, child: _Child) -> None:
+        if child.usable and not self._closed:
+            self._offer(child)
+        else:
+            self._discard(child)
+
+    def _discard(self, child: _Child) -> None:
+        self._live.discard(child)
+        child.kill()
+        self._background(self._reap(child))
+        self._replenish()
+
+    async def _reap(self, child: _Child) -> None:
+        await child.reap()
+        self._children.discard(child)
+
+    def _replenish(self) -> None:
+        while not self._closed and len(self._live) + self._spawning < self._target:
+            self._spawning += 1
+            self._background(self._spawn())
+
+    async def _spawn(self) -> None:
+        child = _Child(asyncio.get_running_loop())
+        self._children.add(child)
+        try:
+            await child.start(self._argv)
+        except Exception as exc:  # any start-up failure: the waiting delivery fails closed
+            log.warning("sandbox child failed to start: %r", exc)
+            self._spawning -= 1
+            await self._reap(child)
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.done():
+                    waiter.set_exception(RuntimeError("sandbox child failed to start"))
+                    break
+            return
+        self._spawning -= 1
+        if self._closed:
+            await self._reap(child)
+            return
+        self._live.add(child)
+        self._offer(child)
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def child_pids(self) -> list[int]:
+        """Process ids of the children not yet reaped (for tests and diagnostics)."""
+        return [pid for child in self._children if (pid := child.pid) is not None]
+
+    async def close(self) -> None:
+        """Kill and reap every child; later evaluations fail closed."""
+        self._closed = True
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_exception(RuntimeError("sandbox pool closed"))
+        self._waiters.clear()
+        self._idle.clear()
+        self._live.clear()
+        while self._children or self._tasks:
+            for child in list(self._children):
+                child.kill()
+            await asyncio.gather(*self._tasks, *(self._reap(child) for child in list(self._children)))
+
+
+_ENGINE = RuleEngine()
+
+
+def evaluate_in_process(
+    rules: list[dict[str, Any]],
+    params: dict[str, Any] | None,
+    envelope: dict[str, Any],
+    *,
+    rule_timeout: float = 0.05,
+    event_budget: float = 0.25,
+) -> Evaluation:
+    """The sandbox's semantics with libjq in this process and no kill (tests and benchmarks only)."""
+    if not rules:
+        return Evaluation()
+    try:
+        text = _encode_input(params, envelope)
+    except (TypeError, ValueError) as exc:
+        return _failure(f"event not JSON-encodable: {type(exc).__name__}")
+    exprs, rule_ids = _rule_fields(rules)
+    faults: list[Fault] = []
+    spent_total = 0.0
+    for index, expr in enumerate(exprs):
+        if spent_total >= event_budget:
+            faults.extend(
+                _fault(i, rule_ids, "budget_exhausted", "event budget spent")
+                for i in range(index, len(exprs))
+            )
+            break
+        started = time.perf_counter()
+        outcome, detail = _ENGINE.run(expr, text)
+        spent = time.perf_counter() - started
+        spent_total += spent
+        if spent > rule_timeout:
+            faults.append(_fault(index, rule_ids, "timeout", f"rule ran past {rule_timeout * 1000:.0f} ms"))
+        elif outcome == "match":
+            return Evaluation(matched_index=index, faults=faults)
+        elif outcome != "nomatch":
+            faults.append(_fault(index, rule_ids, outcome, detail))
+    return Evaluation(matched_index=None, faults=faults)

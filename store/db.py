@@ -1,0 +1,61 @@
+"""Connection pool and migrations: the only place that knows how to reach PostgreSQL."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+log = logging.getLogger("switchboard.store")
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+_MIGRATION_LOCK = 0x5B0A_4D16  # advisory lock id held while migrating
+
+
+async def open_pool(url: str, *, max_size: int = 10, min_size: int = 1) -> AsyncConnectionPool:
+    """Open a pool whose connections return dict rows."""
+    pool = AsyncConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        kwargs={"row_factory": dict_row, "autocommit": True},
+        open=False,
+        timeout=10.0,
+    )
+    await pool.open(wait=True, timeout=15.0)
+    return pool
+
+
+def migration_files(directory: Path = MIGRATIONS_DIR) -> list[tuple[str, str]]:
+    """(version, sql) for each numbered migration, in order."""
+    out = []
+    for path in sorted(directory.glob("[0-9][0-9][0-9][0-9]_*.sql")):
+        out.append((path.stem, path.read_text()))
+    return out
+
+
+def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
+    """Apply pending migrations under an advisory lock; returns the versions applied now."""
+    applied_now: list[str] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations").fetchall()}
+            for version, sql in migration_files(directory):
+                if version in done:
+                    continue
+                with conn.transaction():
+                    conn.execute(sql.encode())
+                    conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))
+                log.info("applied migration %s", version)
+                applied_now.append(version)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+    return applied_now

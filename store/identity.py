@@ -1,0 +1,134 @@
+"""Humans, agents, endpoints (credentials and scope) and friend edges."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from store.errors import InvalidArgument, NotFound, Unauthenticated
+from store.ids import credential_hash, new_credential, new_id
+from store.models import Caller
+
+_AUTH_SQL = """
+SELECT e.id AS endpoint_id, e.agent_id, a.owner_human_id AS human_id, e.scope_queues, e.scope_verbs,
+       e.webhook_max, e.webhook_source_types, e.webhook_queues
+FROM endpoints e JOIN agents a ON a.id = e.agent_id
+WHERE e.credential_hash = %s AND e.state = 'live'
+"""
+
+
+class IdentityStore:
+    """Operator-side identity records and credential resolution."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+
+    async def create_human(self, name: str) -> str:
+        """Create a human and return its id."""
+        human_id = new_id("hu")
+        async with self.pool.connection() as conn:
+            await conn.execute("INSERT INTO humans (id, name) VALUES (%s, %s)", (human_id, name))
+        return human_id
+
+    async def create_agent(self, human_id: str, name: str) -> str:
+        """Create an agent owned by a human."""
+        agent_id = new_id("ag")
+        async with self.pool.connection() as conn:
+            try:
+                await conn.execute(
+                    "INSERT INTO agents (id, owner_human_id, name) VALUES (%s, %s, %s)",
+                    (agent_id, human_id, name),
+                )
+            except psycopg.errors.ForeignKeyViolation:
+                raise NotFound("unknown human") from None
+        return agent_id
+
+    async def vend_endpoint(
+        self,
+        *,
+        agent_id: str,
+        queues: list[str],
+        verbs: list[str],
+        webhook_max: int,
+        webhook_source_types: list[str],
+        webhook_queues: list[str],
+    ) -> dict[str, Any]:
+        """Mint an endpoint; the credential is returned here and never again."""
+        if webhook_max < 0:
+            raise InvalidArgument("webhook_max must be >= 0")
+        endpoint_id = new_id("ep")
+        credential = new_credential()
+        async with self.pool.connection() as conn:
+            try:
+                await conn.execute(
+                    "INSERT INTO endpoints (id, agent_id, credential_hash, credential_prefix, scope_queues,"
+                    " scope_verbs, webhook_max, webhook_source_types, webhook_queues)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    (
+                        endpoint_id,
+                        agent_id,
+                        credential_hash(credential),
+                        credential[:12],
+                        queues,
+                        verbs,
+                        webhook_max,
+                        webhook_source_types,
+                        webhook_queues,
+                    ),
+                )
+            except psycopg.errors.ForeignKeyViolation:
+                raise NotFound("unknown agent") from None
+        return {
+            "endpoint_id": endpoint_id,
+            "credential": credential,
+            "credential_prefix": credential[:12],
+            "agent_id": agent_id,
+            "queues": queues,
+            "verbs": verbs,
+            "webhook_max": webhook_max,
+            "webhook_source_types": webhook_source_types,
+            "webhook_queues": webhook_queues,
+        }
+
+    async def revoke_endpoint(self, endpoint_id: str) -> bool:
+        """Revoke an endpoint at once; idempotent. Returns whether it exists."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "UPDATE endpoints SET state = 'revoked', revoked_at = coalesce(revoked_at, now())"
+                " WHERE id = %s RETURNING id",
+                (endpoint_id,),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFound("unknown endpoint")
+        return True
+
+    async def set_friend_edge(self, from_human_id: str, to_human_id: str, state: str) -> None:
+        """Record the directional friend edge from one human to another."""
+        if state not in ("pending", "approved", "denied", "revoked"):
+            raise InvalidArgument("state must be one of pending, approved, denied, revoked")
+        if from_human_id == to_human_id:
+            raise InvalidArgument("a friend edge joins two different humans")
+        async with self.pool.connection() as conn:
+            try:
+                await conn.execute(
+                    "INSERT INTO friend_edges (from_human_id, to_human_id, state) VALUES (%s, %s, %s)"
+                    " ON CONFLICT (from_human_id, to_human_id)"
+                    " DO UPDATE SET state = excluded.state, updated_at = now()",
+                    (from_human_id, to_human_id, state),
+                )
+            except psycopg.errors.ForeignKeyViolation:
+                raise NotFound("unknown human") from None
+
+    async def authenticate(self, credential: str) -> Caller:
+        """Resolve a bearer credential to a live endpoint, or raise Unauthenticated."""
+        if not credential.startswith("sbk_") or len(credential) > 200:
+            raise Unauthenticated("invalid credential")
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_AUTH_SQL, (credential_hash(credential),))
+            row = await cur.fetchone()
+        if row is None:
+            raise Unauthenticated("invalid or revoked credential")
+        return Caller.model_validate(row)

@@ -1,0 +1,231 @@
+"""The todo queue: leases, retries and dead letters, all as single atomic statements."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from store.errors import Conflict, Forbidden, NotFound
+from store.models import Caller, Todo
+
+DEFAULT_LEASE_SECONDS = 300
+MAX_LEASE_SECONDS = 86400
+RETRY_BASE_SECONDS = 30
+RETRY_CAP_SECONDS = 900
+
+_COLUMNS = (
+    "id, endpoint_id, queue, source, kind, title, payload, event_id, idempotency_key, state, owner,"
+    " lease_expires_at, attempt, max_attempts, result, last_error, created_at, updated_at, claimed_at,"
+    " completed_at, next_retry_at, routing_trace AS routing, work_order"
+)
+
+_CLAIM_NEXT = f"""
+WITH next AS (
+    SELECT id FROM todos
+    WHERE endpoint_id = %(endpoint)s AND state = 'pending' AND queue = ANY(%(queues)s)
+    ORDER BY seq
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE todos t
+SET state = 'claimed', owner = %(owner)s, attempt = t.attempt + 1, claimed_at = now(), updated_at = now(),
+    lease_expires_at = now() + make_interval(secs => %(lease)s), next_retry_at = NULL
+FROM next WHERE t.id = next.id
+RETURNING {", ".join("t." + c.strip() for c in _COLUMNS.split(","))}
+"""  # noqa: S608 - constant column list
+
+_CLAIM = f"""
+UPDATE todos
+SET state = 'claimed', owner = %(owner)s, attempt = attempt + 1, claimed_at = now(), updated_at = now(),
+    lease_expires_at = now() + make_interval(secs => %(lease)s), next_retry_at = NULL
+WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND state = 'pending'
+RETURNING {_COLUMNS}
+"""  # noqa: S608
+
+_COMPLETE = f"""
+UPDATE todos
+SET state = 'done', result = %(result)s, completed_at = now(), updated_at = now(), lease_expires_at = NULL
+WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND state = 'claimed' AND owner = %(owner)s
+RETURNING {_COLUMNS}
+"""  # noqa: S608
+
+# Backoff doubles from 30 s and is capped at 15 min; at the attempt cap the todo is dead-lettered.
+_FAIL = f"""
+UPDATE todos
+SET state = 'failed', last_error = %(error)s, result = coalesce(%(result)s, result), updated_at = now(),
+    lease_expires_at = NULL,
+    next_retry_at = CASE WHEN attempt < max_attempts
+        THEN now() + make_interval(secs => least({RETRY_CAP_SECONDS}, {RETRY_BASE_SECONDS} * power(2, attempt - 1)))
+        ELSE NULL END
+WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND state = 'claimed' AND owner = %(owner)s
+RETURNING {_COLUMNS}
+"""  # noqa: S608
+
+_HEARTBEAT = f"""
+UPDATE todos SET lease_expires_at = now() + make_interval(secs => %(lease)s), updated_at = now()
+WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND state = 'claimed' AND owner = %(owner)s
+RETURNING {_COLUMNS}
+"""  # noqa: S608
+
+_RELEASE = f"""
+UPDATE todos SET state = 'pending', owner = NULL, lease_expires_at = NULL, updated_at = now()
+WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND state = 'claimed' AND owner = %(owner)s
+RETURNING {_COLUMNS}
+"""  # noqa: S608
+
+_REAP_LEASES = """
+UPDATE todos
+SET state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END,
+    owner = CASE WHEN attempt >= max_attempts THEN owner ELSE NULL END,
+    last_error = CASE WHEN attempt >= max_attempts THEN 'lease expired' ELSE last_error END,
+    lease_expires_at = NULL, next_retry_at = NULL, updated_at = now()
+WHERE state = 'claimed' AND lease_expires_at < now()
+RETURNING id, state
+"""
+
+_REAP_RETRIES = """
+UPDATE todos SET state = 'pending', owner = NULL, next_retry_at = NULL, updated_at = now()
+WHERE state = 'failed' AND next_retry_at IS NOT NULL AND next_retry_at <= now()
+RETURNING id
+"""
+
+
+def clamp_lease(seconds: int | None) -> int:
+    """A lease TTL within [1, 86400] seconds; the default when unset."""
+    if seconds is None:
+        return DEFAULT_LEASE_SECONDS
+    return max(1, min(MAX_LEASE_SECONDS, int(seconds)))
+
+
+def owner_of(caller: Caller) -> str:
+    """The owner recorded on a claimed todo."""
+    return f"agent:{caller.agent_id}"
+
+
+class TodoStore:
+    """Todo verbs confined to the calling endpoint and its scope queues."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+
+    async def get(self, caller: Caller, todo_id: str) -> Todo:
+        """A todo of the caller's endpoint, in a scope queue."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_COLUMNS} FROM todos WHERE id = %s AND endpoint_id = %s",  # noqa: S608
+                (todo_id, caller.endpoint_id),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFound("unknown todo")
+        if row["queue"] not in caller.scope_queues:
+            raise Forbidden("todo queue is outside this endpoint's scope")
+        return Todo.model_validate(row)
+
+    async def list(self, caller: Caller, queue: str | None, state: str | None, limit: int) -> list[Todo]:
+        """Compact todo rows in the caller's scope, newest first."""
+        queues = caller.scope_queues
+        if queue is not None:
+            if queue not in caller.scope_queues:
+                raise Forbidden("queue is outside this endpoint's scope")
+            queues = [queue]
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_COLUMNS} FROM todos WHERE endpoint_id = %s AND queue = ANY(%s)"  # noqa: S608
+                " AND (%s::text IS NULL OR state = %s) ORDER BY created_at DESC, id DESC LIMIT %s",
+                (caller.endpoint_id, queues, state, state, limit),
+            )
+            rows = await cur.fetchall()
+        return [Todo.model_validate(r) for r in rows]
+
+    async def claim_next(self, caller: Caller, queue: str | None, lease_seconds: int | None) -> Todo | None:
+        """Claim the oldest pending todo in scope, skipping rows other claimers hold."""
+        queues = caller.scope_queues
+        if queue is not None:
+            if queue not in caller.scope_queues:
+                raise Forbidden("queue is outside this endpoint's scope")
+            queues = [queue]
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                _CLAIM_NEXT,
+                {
+                    "endpoint": caller.endpoint_id,
+                    "queues": queues,
+                    "owner": owner_of(caller),
+                    "lease": clamp_lease(lease_seconds),
+                },
+            )
+            row = await cur.fetchone()
+        return Todo.model_validate(row) if row else None
+
+    async def claim(self, caller: Caller, todo_id: str, lease_seconds: int | None) -> Todo:
+        """pending → claimed, atomically; conflict when not pending."""
+        await self.get(caller, todo_id)
+        return await self._transition(
+            _CLAIM,
+            {"id": todo_id, "endpoint": caller.endpoint_id, "owner": owner_of(caller), "lease": clamp_lease(lease_seconds)},
+            "todo is not pending",
+        )
+
+    async def complete(self, caller: Caller, todo_id: str, result: Any) -> Todo:
+        """claimed → done, by the holder only."""
+        await self.get(caller, todo_id)
+        return await self._transition(
+            _COMPLETE,
+            {"id": todo_id, "endpoint": caller.endpoint_id, "owner": owner_of(caller), "result": Jsonb(result)},
+            "todo is not claimed by this agent",
+        )
+
+    async def fail(self, caller: Caller, todo_id: str, error: str | None, result: Any) -> Todo:
+        """claimed → failed with a retry window, or dead letter at the attempt cap."""
+        await self.get(caller, todo_id)
+        return await self._transition(
+            _FAIL,
+            {
+                "id": todo_id,
+                "endpoint": caller.endpoint_id,
+                "owner": owner_of(caller),
+                "error": error,
+                "result": Jsonb(result) if result is not None else None,
+            },
+            "todo is not claimed by this agent",
+        )
+
+    async def heartbeat(self, caller: Caller, todo_id: str, lease_seconds: int | None) -> Todo:
+        """Extend the holder's lease; without a TTL it resets to the default."""
+        await self.get(caller, todo_id)
+        return await self._transition(
+            _HEARTBEAT,
+            {"id": todo_id, "endpoint": caller.endpoint_id, "owner": owner_of(caller), "lease": clamp_lease(lease_seconds)},
+            "todo is not claimed by this agent",
+        )
+
+    async def release(self, caller: Caller, todo_id: str) -> Todo:
+        """claimed → pending, voluntarily, by the holder."""
+        await self.get(caller, todo_id)
+        return await self._transition(
+            _RELEASE, {"id": todo_id, "endpoint": caller.endpoint_id, "owner": owner_of(caller)}, "todo is not claimed by this agent"
+        )
+
+    async def _transition(self, sql: str, params: dict[str, Any], conflict: str) -> Todo:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql, params)
+            row = await cur.fetchone()
+        if row is None:
+            raise Conflict(conflict)
+        return Todo.model_validate(row)
+
+    async def reap(self) -> dict[str, int]:
+        """Expired leases back to pending (or dead letter at the cap); due retries back to pending."""
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(_REAP_LEASES)
+            leases = await cur.fetchall()
+            cur = await conn.execute(_REAP_RETRIES)
+            retries = await cur.fetchall()
+        return {
+            "requeued": sum(1 for r in leases if r["state"] == "pending"),
+            "dead_lettered": sum(1 for r in leases if r["state"] == "failed"),
+            "retried": len(retries),
+        }

@@ -1,0 +1,157 @@
+"""Webhooks: creation within the endpoint's ceiling, ingest lookup and the per-delivery grant."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from routing.models import TRUST_BY_SOURCE, Grant, Target
+from store.crypto import SecretBox
+from store.errors import CeilingExceeded, Forbidden, ForbiddenSourceType, InvalidArgument, NotFound
+from store.ids import new_id, new_ingest_token, new_webhook_secret
+from store.models import Caller, IngestWebhook, Webhook
+
+_WEBHOOK_COLUMNS = (
+    "id, endpoint_id, source_type, target_queue, trust_mode, ingest_token, state, created_at, updated_at,"
+    " routing_rules, routing_default_action, routing_params, config"
+)
+
+# Live targets in target order: the owner first, then routes by granted_at, then endpoint id. A route
+# counts only while its endpoint is live and, across humans, an approved edge runs owner -> target.
+_TARGETS_SQL = """
+SELECT t.endpoint_id, t.scope_queues FROM (
+    SELECT e.id AS endpoint_id, e.scope_queues, 0 AS rank, NULL::timestamptz AS granted_at
+    FROM endpoints e WHERE e.id = %(owner)s AND e.state = 'live'
+    UNION ALL
+    SELECT e.id, e.scope_queues, 1, r.granted_at
+    FROM webhook_routes r
+    JOIN endpoints e ON e.id = r.target_endpoint_id AND e.state = 'live'
+    JOIN agents a ON a.id = e.agent_id
+    WHERE r.webhook_id = %(webhook)s AND r.target_endpoint_id <> %(owner)s
+      AND (a.owner_human_id = %(human)s OR EXISTS (
+            SELECT 1 FROM friend_edges f
+            WHERE f.from_human_id = %(human)s AND f.to_human_id = a.owner_human_id AND f.state = 'approved'))
+) t
+ORDER BY t.rank, t.granted_at NULLS FIRST, t.endpoint_id
+"""
+
+_GRANT_SQL = """
+SELECT w.id, w.endpoint_id, w.source_type, w.target_queue, w.routing_rules, w.routing_default_action,
+       w.routing_params, e.webhook_queues, a.owner_human_id AS human_id
+FROM endpoint_webhooks w
+JOIN endpoints e ON e.id = w.endpoint_id
+JOIN agents a ON a.id = e.agent_id
+WHERE w.id = %s AND w.state = 'live'
+"""
+
+
+class WebhookStore:
+    """Webhook rows, their secrets (sealed at rest) and the grant a delivery routes under."""
+
+    def __init__(self, pool: AsyncConnectionPool, box: SecretBox) -> None:
+        self.pool = pool
+        self.box = box
+
+    async def create(self, caller: Caller, source_type: str, target_queue: str) -> dict[str, Any]:
+        """Create a webhook within the caller's ceiling; the secret is in this result only."""
+        if source_type not in TRUST_BY_SOURCE:
+            raise InvalidArgument(f"unknown source_type; expected one of {', '.join(TRUST_BY_SOURCE)}")
+        if source_type not in caller.webhook_source_types:
+            raise ForbiddenSourceType("source type not allowed by this endpoint's ceiling")
+        if target_queue not in caller.webhook_queues:
+            raise Forbidden("target queue not allowed by this endpoint's ceiling")
+        trust_mode = TRUST_BY_SOURCE[source_type]
+        webhook_id = new_id("wh")
+        secret = new_webhook_secret() if trust_mode == "signed" else None
+        sealed = self.box.seal(secret, webhook_id) if secret else None
+        token = new_ingest_token()
+        async with self.pool.connection() as conn, conn.transaction():
+            # The endpoint row lock serializes concurrent creates so the count check is atomic.
+            await conn.execute("SELECT id FROM endpoints WHERE id = %s FOR UPDATE", (caller.endpoint_id,))
+            cur = await conn.execute(
+                "SELECT count(*) AS n FROM endpoint_webhooks WHERE endpoint_id = %s AND state = 'live'",
+                (caller.endpoint_id,),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            if row["n"] >= caller.webhook_max:
+                raise CeilingExceeded("webhook ceiling reached for this endpoint")
+            await conn.execute(
+                "INSERT INTO endpoint_webhooks (id, endpoint_id, source_type, target_queue, trust_mode,"
+                " ingest_token, secret_ciphertext) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (webhook_id, caller.endpoint_id, source_type, target_queue, trust_mode, token, sealed),
+            )
+        return {
+            "webhook_id": webhook_id,
+            "source_type": source_type,
+            "target_queue": target_queue,
+            "trust_mode": trust_mode,
+            "ingest_token": token,
+            "secret": secret,
+        }
+
+    async def list_for_endpoint(self, caller: Caller) -> list[Webhook]:
+        """Live webhooks owned by the calling endpoint."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_WEBHOOK_COLUMNS} FROM endpoint_webhooks"  # noqa: S608 - constant column list
+                " WHERE endpoint_id = %s AND state = 'live' ORDER BY created_at, id",
+                (caller.endpoint_id,),
+            )
+            rows = await cur.fetchall()
+        return [Webhook.model_validate(r) for r in rows]
+
+    async def get_for_ingest(self, token: str) -> IngestWebhook | None:
+        """Resolve an ingest token to the webhook and its opened secret; None when unknown."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT id, endpoint_id, source_type, trust_mode, secret_ciphertext, config"
+                " FROM endpoint_webhooks WHERE ingest_token = %s AND state = 'live'",
+                (token,),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            return None
+        sealed = row.pop("secret_ciphertext")
+        secret = self.box.open(bytes(sealed), row["id"]) if sealed is not None else None
+        return IngestWebhook(secret=secret, **row)
+
+    async def load_grant(self, webhook_id: str) -> Grant:
+        """The webhook's configuration and live targets, recomputed for one delivery."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_GRANT_SQL, (webhook_id,))
+            row = await cur.fetchone()
+            if row is None:
+                raise NotFound("unknown webhook")
+            cur = await conn.execute(
+                _TARGETS_SQL, {"owner": row["endpoint_id"], "webhook": webhook_id, "human": row["human_id"]}
+            )
+            targets = [Target.model_validate(t) for t in await cur.fetchall()]
+        return Grant(
+            webhook_id=row["id"],
+            owner_endpoint_id=row["endpoint_id"],
+            human_id=row["human_id"],
+            source=row["source_type"],
+            target_queue=row["target_queue"],
+            allowed_queues=list(row["webhook_queues"]),
+            targets=targets,
+            rules=list(row["routing_rules"] or []),
+            default_action=row["routing_default_action"],
+            params=row["routing_params"],
+        )
+
+    async def add_route_unchecked(self, webhook_id: str, target_endpoint_id: str) -> None:
+        """Record a route without authorization (operators and tests; agents use the route verbs)."""
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO webhook_routes (webhook_id, target_endpoint_id) VALUES (%s, %s)"
+                " ON CONFLICT DO NOTHING",
+                (webhook_id, target_endpoint_id),
+            )
+
+
+def as_json(value: Any) -> Jsonb | None:
+    """Wrap a value for a jsonb column (None stays SQL NULL)."""
+    return None if value is None else Jsonb(value)

@@ -1,0 +1,150 @@
+"""The switchboard command: dev stack, service processes and operator verbs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from typing import Any
+
+import httpx
+
+from switchboard.settings import Settings
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("temporalio").setLevel(logging.WARNING)
+
+
+def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
+    from store.db import migrate
+
+    if not settings.database_url:
+        print("SWITCHBOARD_DATABASE_URL is not set", file=sys.stderr)
+        return 2
+    applied = migrate(settings.database_url)
+    print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
+    return 0
+
+
+def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import create_app
+
+    uvicorn.run(create_app(settings), host=settings.http_host, port=settings.http_port, log_level="warning")
+    return 0
+
+
+def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
+    from worker import run_worker
+
+    settings.ensure_generated_secrets()
+    try:
+        asyncio.run(run_worker(settings))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_dev(settings: Settings, args: argparse.Namespace) -> int:
+    from switchboard.dev import run_dev
+
+    return run_dev(settings)
+
+
+def _admin(settings: Settings, verb: str, body: dict[str, Any]) -> int:
+    settings.ensure_generated_secrets()
+    url = f"{settings.base_url()}/admin/v1/{verb}"
+    try:
+        resp = httpx.post(url, json=body, headers={"Authorization": f"Bearer {settings.admin_token}"}, timeout=30)
+    except httpx.HTTPError as exc:
+        print(f"cannot reach {settings.base_url()}: {exc} (is `switchboard dev` or `switchboard api` running?)", file=sys.stderr)
+        return 2
+    print(json.dumps(resp.json(), indent=2))
+    return 0 if resp.status_code < 400 else 1
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="switchboard", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("dev", help="embedded PostgreSQL + Temporal dev server + migrations + worker + API").set_defaults(fn=cmd_dev)
+    sub.add_parser("migrate", help="apply database migrations").set_defaults(fn=cmd_migrate)
+    sub.add_parser("api", help="run the HTTP API").set_defaults(fn=cmd_api)
+    sub.add_parser("worker", help="run the Temporal worker").set_defaults(fn=cmd_worker)
+
+    human = sub.add_parser("human", help="humans").add_subparsers(dest="action", required=True)
+    hc = human.add_parser("create", help="create a human")
+    hc.add_argument("--name", required=True)
+    hc.set_defaults(fn=lambda s, a: _admin(s, "create_human", {"name": a.name}))
+
+    agent = sub.add_parser("agent", help="agents").add_subparsers(dest="action", required=True)
+    ac = agent.add_parser("create", help="create an agent")
+    ac.add_argument("--human", required=True, dest="human_id")
+    ac.add_argument("--name", required=True)
+    ac.set_defaults(fn=lambda s, a: _admin(s, "create_agent", {"human_id": a.human_id, "name": a.name}))
+
+    endpoint = sub.add_parser("endpoint", help="endpoints").add_subparsers(dest="action", required=True)
+    ev = endpoint.add_parser("vend", help="vend an endpoint; prints the credential once")
+    ev.add_argument("--agent", required=True, dest="agent_id")
+    ev.add_argument("--queues", required=True, type=_csv, help="comma-separated")
+    ev.add_argument("--verbs", default="all", help="comma-separated, or 'all'")
+    ev.add_argument("--webhook-max", type=int, default=5)
+    ev.add_argument("--webhook-source-types", type=_csv, default=["github", "gitea", "generic"])
+    ev.add_argument("--webhook-queues", type=_csv, default=None, help="default: the endpoint's queues")
+
+    def vend(s: Settings, a: argparse.Namespace) -> int:
+        from api.verbs import REGISTRY
+
+        verbs = list(REGISTRY) if a.verbs == "all" else _csv(a.verbs)
+        return _admin(
+            s,
+            "vend_endpoint",
+            {
+                "agent_id": a.agent_id,
+                "queues": a.queues,
+                "verbs": verbs,
+                "webhook_max": a.webhook_max,
+                "webhook_source_types": a.webhook_source_types,
+                "webhook_queues": a.webhook_queues if a.webhook_queues is not None else a.queues,
+            },
+        )
+
+    ev.set_defaults(fn=vend)
+    er = endpoint.add_parser("revoke", help="revoke an endpoint")
+    er.add_argument("endpoint_id")
+    er.set_defaults(fn=lambda s, a: _admin(s, "revoke_endpoint", {"endpoint_id": a.endpoint_id}))
+
+    friend = sub.add_parser("friend", help="friend edges").add_subparsers(dest="action", required=True)
+    fs = friend.add_parser("set", help="set the edge FROM -> TO")
+    fs.add_argument("from_human_id")
+    fs.add_argument("to_human_id")
+    fs.add_argument("--state", default="approved", choices=["pending", "approved", "denied", "revoked"])
+    fs.set_defaults(
+        fn=lambda s, a: _admin(s, "set_friend_edge", {"from_human_id": a.from_human_id, "to_human_id": a.to_human_id, "state": a.state})
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `switchboard` console script."""
+    args = build_parser().parse_args(argv)
+    settings = Settings()
+    _configure_logging(settings.log_level)
+    result = args.fn(settings, args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""`switchboard dev`: the whole stack in one process tree, data kept under SWITCHBOARD_HOME."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import uvicorn
+
+from store.db import migrate
+from switchboard.embedded import start_postgres, temporal_dev_server
+from switchboard.settings import Settings
+
+log = logging.getLogger("switchboard.dev")
+
+
+async def serve(settings: Settings) -> None:
+    """Run worker and API together until the API is told to stop (Ctrl-C)."""
+    from api.app import create_app
+    from worker import run_worker
+
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_worker(settings, stop))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host=settings.http_host, port=settings.http_port, log_level="warning")
+    )
+    try:
+        await server.serve()
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker
+
+
+def run_dev(settings: Settings) -> int:
+    """Start what is not configured, migrate, print where everything is, serve until Ctrl-C."""
+    settings.ensure_generated_secrets()
+    home = settings.home.resolve()
+    with contextlib.ExitStack() as stack:
+        if not settings.database_url:
+            server, url = start_postgres(home / "pg")
+            stack.callback(server.cleanup)
+            settings.database_url = url
+            pg_note = f"embedded PostgreSQL (data in {home / 'pg'})"
+        else:
+            pg_note = "external PostgreSQL (SWITCHBOARD_DATABASE_URL)"
+        ui = "(external Temporal: see its own UI)"
+        if not settings.temporal_address:
+            settings.temporal_address = stack.enter_context(
+                temporal_dev_server(
+                    home / "temporal.db", ui_port=settings.temporal_ui_port, log_file=home / "temporal.log"
+                )
+            )
+            ui = f"http://localhost:{settings.temporal_ui_port}"
+        applied = migrate(settings.database_url)
+        base = settings.base_url()
+        print(
+            "\nSwitchboard is up\n"
+            f"  API            {base}\n"
+            f"  API docs       {base}/docs\n"
+            f"  Temporal UI    {ui}\n"
+            f"  Temporal       {settings.temporal_address}\n"
+            f"  Database       {pg_note}; {len(applied)} migration(s) applied now\n"
+            f"  Admin token    {settings.admin_token}\n"
+            "  Stop with Ctrl-C; data is kept for the next run.\n",
+            flush=True,
+        )
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(settings))
+        print("stopping…", flush=True)
+    return 0

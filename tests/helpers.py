@@ -1,0 +1,62 @@
+"""Fake producers: signed deliveries the way GitHub, Gitea and generic senders post them."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import httpx
+
+from routing.signatures import sign_gitea, sign_github
+
+
+def issue_payload(number: int = 7, title: str = "Fix the build", action: str = "opened", **extra: Any) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "action": action,
+        "issue": {
+            "number": number,
+            "title": title,
+            "html_url": f"https://github.com/acme/app/issues/{number}",
+            "state": "open",
+            "user": {"login": "joestump"},
+            "labels": [],
+            "body": "It is broken.",
+        },
+        "repository": {"full_name": "acme/app"},
+        "sender": {"login": "joestump"},
+    }
+    payload.update(extra)
+    return payload
+
+
+def token_of(ingest_url: str) -> str:
+    return ingest_url.rsplit("/", 1)[-1]
+
+
+async def post_github(
+    http: httpx.AsyncClient,
+    webhook: dict[str, Any],
+    payload: Any,
+    *,
+    delivery: str | None = None,
+    event: str = "issues",
+    secret: str | None = None,
+    extra_headers: dict[str, str] | None = None,
+) -> httpx.Response:
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "X-GitHub-Event": event,
+        "X-GitHub-Delivery": delivery or str(uuid.uuid4()),
+    }
+    headers.update(sign_github((secret or webhook["secret"]).encode(), body))
+    headers.update(extra_headers or {})
+    return await http.post(f"/webhooks/w/{token_of(webhook['ingest_url'])}", content=body, headers=headers)
+
+
+async def post_gitea(http: httpx.AsyncClient, webhook: dict[str, Any], payload: Any, *, delivery: str) -> httpx.Response:
+    body = json.dumps(payload).encode()
+    headers = {"Content-Type": "application/json", "X-Gitea-Event": "issues", "X-Gitea-Delivery": delivery}
+    headers.update(sign_gitea(webhook["secret"].encode(), body))
+    return await http.post(f"/webhooks/w/{token_of(webhook['ingest_url'])}", content=body, headers=headers)

@@ -1,0 +1,89 @@
+"""The Temporal worker process: the only place the routing workflows meet their activities."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.route import RouteActivities
+from activities.upkeep import UpkeepActivities
+from store.crypto import SecretBox
+from store.db import open_pool
+from store.deliveries import DeliveryStore
+from store.todos import TodoStore
+from store.webhooks import WebhookStore
+from switchboard.settings import Settings
+from switchboard.temporal import connect, ensure_schedules
+from workflows.route_delivery import RouteDelivery
+from workflows.upkeep import ReapTodos
+
+log = logging.getLogger("switchboard.worker")
+
+WORKFLOWS: list[type] = [RouteDelivery, ReapTodos]
+
+
+def _make_sandbox() -> Any:
+    try:
+        from routing.sandbox import SandboxPool
+    except ImportError:  # pragma: no cover - the sandbox ships with routing
+        return None
+    return SandboxPool()
+
+
+def build_worker(
+    client: Client,
+    pool: AsyncConnectionPool,
+    settings: Settings,
+    *,
+    task_queue: str | None = None,
+    sandbox: Any = None,
+    commit_delay: float = 0.0,
+) -> Worker:
+    """Wire workflows and activities for one task queue."""
+    assert settings.secret_key
+    box = SecretBox(settings.secret_key)
+    route = RouteActivities(WebhookStore(pool, box), DeliveryStore(pool), sandbox, commit_delay=commit_delay)
+    upkeep = UpkeepActivities(TodoStore(pool))
+    return Worker(
+        client,
+        task_queue=task_queue or settings.task_queue,
+        workflows=WORKFLOWS,
+        activities=[route.load_grant, route.evaluate_rules, route.commit_delivery, upkeep.reap_todos],
+        max_concurrent_activities=50,
+        max_concurrent_local_activities=50,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_worker(settings: Settings, *, commit_delay: float = 0.0) -> AsyncIterator[Worker]:
+    """Pools, sandbox and worker for the lifetime of the block."""
+    assert settings.database_url
+    pool = await open_pool(settings.database_url, max_size=settings.db_pool_max)
+    sandbox = _make_sandbox()
+    try:
+        client = await connect(settings)
+        await ensure_schedules(client, settings.task_queue)
+        worker = build_worker(client, pool, settings, sandbox=sandbox, commit_delay=commit_delay)
+        async with worker:
+            yield worker
+    finally:
+        if sandbox is not None:
+            await sandbox.close()
+        await pool.close()
+
+
+async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Run until stop is set (or forever)."""
+    import os
+
+    delay = float(os.environ.get("SWITCHBOARD_FAULT_COMMIT_DELAY", "0") or 0)
+    async with running_worker(settings, commit_delay=delay):
+        log.info("worker polling task queue %s", settings.task_queue)
+        await (stop or asyncio.Event()).wait()

@@ -1,0 +1,88 @@
+"""RouteDelivery: one verified delivery becomes an event and its todos, with a full history."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from activities.models import EvaluateInput, LoadGrantInput
+    from activities.route import RouteActivities
+    from routing.decision import decide
+    from routing.delivery import CommitInput, CommitResult, DeliveryInput
+    from routing.envelope import build_envelope
+    from routing.models import Evaluation
+    from workflows import search
+
+# Store activities are retried on transient errors (database restarts, pool timeouts) for up to a day.
+STORE_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    non_retryable_error_types=["ValidationError"],
+)
+EVALUATE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5)
+
+
+def workflow_id_for(webhook_id: str, external_id: str) -> str:
+    """Deterministic workflow id, so concurrent redeliveries join one run."""
+    import hashlib
+
+    digest = hashlib.sha256(external_id.encode()).hexdigest()[:40]
+    return f"delivery-{webhook_id}-{digest}"
+
+
+@workflow.defn(name="RouteDelivery")
+class RouteDelivery:
+    """Load the grant, evaluate rules, decide, commit; search attributes record the outcome."""
+
+    @workflow.run
+    async def run(self, delivery: DeliveryInput) -> CommitResult:
+        loaded = await workflow.execute_local_activity_method(
+            RouteActivities.load_grant,
+            LoadGrantInput(webhook_id=delivery.webhook_id),
+            start_to_close_timeout=timedelta(seconds=10),
+            retry_policy=STORE_RETRY,
+        )
+        grant = loaded.grant
+        if grant is None:
+            workflow.upsert_search_attributes([search.DECISION.value_set("gone")])
+            return CommitResult(status="gone", verified=delivery.verified, trust_mode=delivery.trust_mode)
+        if not grant.targets:
+            workflow.upsert_search_attributes([search.DECISION.value_set("no_targets")])
+            return CommitResult(status="no_targets", verified=delivery.verified, trust_mode=delivery.trust_mode)
+
+        envelope = build_envelope(
+            source=delivery.source,
+            webhook_id=delivery.webhook_id,
+            trust_mode=delivery.trust_mode,
+            verified=delivery.verified,
+            content_type=delivery.content_type,
+            headers=delivery.headers,
+            body=delivery.body(),
+        )
+        evaluation = Evaluation()
+        if grant.rules:
+            evaluation = await workflow.execute_activity_method(
+                RouteActivities.evaluate_rules,
+                EvaluateInput(rules=grant.rules, params=grant.params, envelope=envelope),
+                start_to_close_timeout=timedelta(seconds=10),
+                heartbeat_timeout=timedelta(seconds=3),
+                retry_policy=EVALUATE_RETRY,
+            )
+        decision = decide(grant, evaluation, envelope)
+
+        result = await workflow.execute_local_activity_method(
+            RouteActivities.commit_delivery,
+            CommitInput(delivery=delivery, decision=decision, workflow_id=workflow.info().workflow_id),
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=STORE_RETRY,
+        )
+        outcome = result.disposition + (" duplicate" if result.duplicate else "")
+        updates = [search.DECISION.value_set(outcome.replace(" ", "_"))]
+        if result.rule_id:
+            updates.append(search.RULE_ID.value_set(result.rule_id))
+        workflow.upsert_search_attributes(updates)
+        return result
