@@ -8,14 +8,13 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.route import RouteActivities
 from activities.upkeep import UpkeepActivities
 from store.crypto import SecretBox
-from store.db import open_pool
+from store.db import Pool, open_pool
 from store.deliveries import DeliveryStore
 from store.todos import TodoStore
 from store.webhooks import WebhookStore
@@ -39,7 +38,7 @@ def _make_sandbox() -> Any:
 
 def build_worker(
     client: Client,
-    pool: AsyncConnectionPool,
+    pool: Pool,
     settings: Settings,
     *,
     task_queue: str | None = None,

@@ -92,7 +92,11 @@ async def create_agent(body: CreateAgentInput, svc: Services = Depends(require_a
     return CreateAgentOutput(agent_id=await svc.identities.create_agent(body.human_id, body.name))
 
 
-@router.post("/vend_endpoint", response_model=VendEndpointOutput, summary="Vend an endpoint; the credential is shown once.")
+@router.post(
+    "/vend_endpoint",
+    response_model=VendEndpointOutput,
+    summary="Vend an endpoint; the credential is shown once.",
+)
 async def vend_endpoint(body: VendEndpointInput, svc: Services = Depends(require_admin)) -> VendEndpointOutput:
     made = await svc.identities.vend_endpoint(
         agent_id=body.agent_id,

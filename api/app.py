@@ -75,8 +75,11 @@ def create_app(settings: Settings) -> FastAPI:
         return JSONResponse({"status": "ok" if ok else "degraded", **checks}, status_code=200 if ok else 503)
 
     app.add_middleware(AgentAuthMiddleware)
-    app.add_middleware(BodyLimitMiddleware, limit=settings.agent_body_max, prefixes=("/v1/", "/admin/", "/mcp"))
+    app.add_middleware(
+        BodyLimitMiddleware,
+        limit=settings.agent_body_max,
+        prefixes=("/v1/", "/admin/", "/mcp"),
+        json_prefixes=("/v1/", "/admin/"),
+    )
     app.add_middleware(RequestLogMiddleware)
     return app
-
-

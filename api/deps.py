@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
-from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 
 from api.ratelimit import TokenBuckets
 from store.crypto import SecretBox
+from store.db import Pool
 from store.identity import IdentityStore
 from store.todos import TodoStore
 from store.webhooks import WebhookStore
@@ -22,7 +22,7 @@ class Services:
     """Stores, clients and limiters shared by every request of one API process."""
 
     settings: Settings
-    pool: AsyncConnectionPool
+    pool: Pool
     temporal: Client | None
     identities: IdentityStore
     webhooks: WebhookStore
@@ -33,7 +33,7 @@ class Services:
     extras: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, settings: Settings, pool: AsyncConnectionPool, temporal: Client | None) -> Services:
+    def build(cls, settings: Settings, pool: Pool, temporal: Client | None) -> Services:
         """Wire stores over one pool."""
         assert settings.secret_key
         box = SecretBox(settings.secret_key)
@@ -46,7 +46,9 @@ class Services:
             todos=TodoStore(pool),
             ingest_limits=TokenBuckets(settings.ingest_rate_per_second, settings.ingest_rate_burst),
             agent_limits=TokenBuckets(settings.agent_rate_per_second, settings.agent_rate_burst),
-            webhook_admin_limits=TokenBuckets(settings.webhook_admin_rate_per_second, settings.webhook_admin_rate_burst),
+            webhook_admin_limits=TokenBuckets(
+                settings.webhook_admin_rate_per_second, settings.webhook_admin_rate_burst
+            ),
         )
 
 

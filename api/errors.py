@@ -41,9 +41,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {401: "unauthenticated", 403: "forbidden", 404: "not_found", 405: "not_found", 413: "too_large"}.get(
-            exc.status_code, "invalid_argument" if exc.status_code < 500 else "internal"
-        )
+        code = {
+            401: "unauthenticated",
+            403: "forbidden",
+            404: "not_found",
+            405: "not_found",
+            413: "too_large",
+        }.get(exc.status_code, "invalid_argument" if exc.status_code < 500 else "internal")
         return error_response(exc.status_code, code, str(exc.detail))
 
     @app.exception_handler(Exception)

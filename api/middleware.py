@@ -25,7 +25,9 @@ SECURITY_HEADERS = [
 DOCS_CSP = b"default-src 'none'; script-src 'self' 'unsafe-inline' https:; style-src 'self' 'unsafe-inline' https:; img-src 'self' data: https:; connect-src 'self'"
 
 
-async def send_json(send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def send_json(
+    send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
     """Answer straight from middleware."""
     raw = json.dumps(body).encode()
     await send(
@@ -60,7 +62,9 @@ class RequestLogMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                headers = [h for h in message.get("headers", []) if h[0].lower() not in {k for k, _ in SECURITY_HEADERS}]
+                headers = [
+                    h for h in message.get("headers", []) if h[0].lower() not in {k for k, _ in SECURITY_HEADERS}
+                ]
                 for name, value in SECURITY_HEADERS:
                     headers.append((name, DOCS_CSP if (is_docs and name == b"content-security-policy") else value))
                 headers.append((b"x-request-id", request_id.encode()))
@@ -87,10 +91,13 @@ class RequestLogMiddleware:
 class BodyLimitMiddleware:
     """Refuses request bodies over the cap before anything decodes them (agent, admin and MCP routes)."""
 
-    def __init__(self, app: ASGIApp, limit: int, prefixes: tuple[str, ...]) -> None:
+    def __init__(
+        self, app: ASGIApp, limit: int, prefixes: tuple[str, ...], json_prefixes: tuple[str, ...] = ()
+    ) -> None:
         self.app = app
         self.limit = limit
         self.prefixes = prefixes
+        self.json_prefixes = json_prefixes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope.get("path", "").startswith(self.prefixes):
@@ -115,6 +122,17 @@ class BodyLimitMiddleware:
             chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
+        if (
+            scope.get("method") == "POST"
+            and self.json_prefixes
+            and scope.get("path", "").startswith(self.json_prefixes)
+        ):
+            # Verb bodies are always JSON: `curl -d '{}'` (form content type) and an empty body both work.
+            if not body.strip():
+                body = b"{}"
+            headers = [(k, v) for k, v in scope.get("headers", []) if k not in (b"content-type", b"content-length")]
+            headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            scope = dict(scope, headers=headers)
         replayed = False
 
         async def replay() -> Message:
@@ -151,29 +169,52 @@ class AgentAuthMiddleware:
                     token = raw[7:].strip()
         if not token:
             await send_json(
-                send, 401, {"error": {"code": "unauthenticated", "message": "missing bearer credential"}},
+                send,
+                401,
+                {"error": {"code": "unauthenticated", "message": "missing bearer credential"}},
                 [(b"www-authenticate", b"Bearer")],
             )
             return
         try:
             caller = await services.identities.authenticate(token)
         except Unauthenticated as exc:
-            await send_json(send, 401, {"error": {"code": "unauthenticated", "message": exc.message}},
-                            [(b"www-authenticate", b"Bearer")])
+            await send_json(
+                send,
+                401,
+                {"error": {"code": "unauthenticated", "message": exc.message}},
+                [(b"www-authenticate", b"Bearer")],
+            )
             return
         if path.startswith("/v1/"):
             from api.verbs import REGISTRY
 
-            name = path[len("/v1/"):]
+            name = path[len("/v1/") :]
             verb = REGISTRY.get(name)
             if verb is not None and name not in caller.scope_verbs:
-                await send_json(send, 403, {"error": {"code": "forbidden", "message": f"verb {name} is not in this endpoint's allowlist"}})
+                await send_json(
+                    send,
+                    403,
+                    {
+                        "error": {
+                            "code": "forbidden",
+                            "message": f"verb {name} is not in this endpoint's allowlist",
+                        }
+                    },
+                )
                 return
-            limits = services.webhook_admin_limits if verb is not None and verb.rate_class == "webhook_admin" else services.agent_limits
+            limits = (
+                services.webhook_admin_limits
+                if verb is not None and verb.rate_class == "webhook_admin"
+                else services.agent_limits
+            )
             wait = limits.take(caller.endpoint_id)
             if wait:
-                await send_json(send, 429, {"error": {"code": "rate_limited", "message": "rate limit exceeded"}},
-                                [(b"retry-after", retry_after(wait).encode())])
+                await send_json(
+                    send,
+                    429,
+                    {"error": {"code": "rate_limited", "message": "rate limit exceeded"}},
+                    [(b"retry-after", retry_after(wait).encode())],
+                )
                 return
         scope.setdefault("state", {})["caller"] = caller
         await self.app(scope, receive, send)

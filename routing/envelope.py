@@ -76,9 +76,7 @@ def parse_payload(body: bytes) -> Any:
     try:
         # Decode as UTF-8 ourselves: json.loads(bytes) would also sniff UTF-16/32, which no producer sends.
         text = body.decode("utf-8")
-        return json.loads(
-            text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_reject_constant
-        )
+        return json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
 
@@ -128,9 +126,7 @@ def build_artifact(payload: Any) -> dict[str, Any]:
     if not isinstance(out["tags"], list):
         out["tags"] = None
     artifact_id = data.get("id")
-    out["handle"] = (
-        CAIRN_HANDLE_PREFIX + artifact_id if isinstance(artifact_id, str) and artifact_id else None
-    )
+    out["handle"] = CAIRN_HANDLE_PREFIX + artifact_id if isinstance(artifact_id, str) and artifact_id else None
     return out
 
 

@@ -444,6 +444,12 @@ def check_expression(expr: str) -> tuple[str, str] | None:
         jq.compile(expr, args={PARAMS_VAR: {}})
     except ValueError as exc:
         return "invalid_expression", "expression does not compile: " + _jq_message(str(exc))
+    try:
+        # Evaluators wrap each rule in a larger program; a trailing "# …\" comment would swallow the
+        # wrapper's closing text and turn the rule into a permanent compile_error (a silent no-match).
+        jq.compile(f"(\n{expr}\n)", args={PARAMS_VAR: {}})
+    except ValueError:
+        return "invalid_expression", "expression must be self-contained (a trailing comment ends in a backslash?)"
     return None
 
 
@@ -500,9 +506,7 @@ def validate_params(params: Any) -> dict[str, Any]:
         raise RuleValidationError("invalid_params", f"params are not encodable JSON: {exc}") from exc
     size = len(encoded.encode("utf-8"))
     if size > MAX_PARAMS_BYTES:
-        raise RuleValidationError(
-            "invalid_params", f"params are {size} bytes encoded; the limit is {MAX_PARAMS_BYTES}"
-        )
+        raise RuleValidationError("invalid_params", f"params are {size} bytes encoded; the limit is {MAX_PARAMS_BYTES}")
     # Round-trip so the stored value is plain JSON (no tuples, no subclasses).
     normalized: dict[str, Any] = json.loads(encoded)
     return normalized

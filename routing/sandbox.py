@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import signal
 import sys
 import time
 from collections import deque
@@ -89,12 +91,13 @@ class _Run:
     next_index: int
     end: int
     rule_timeout: float
-    budget_at: float
+    budget_left: float
     hard_at: float
-    sent_at: float
     rule_started: float
     future: asyncio.Future[_Run]
     acked: bool = False
+    acked_at: float = 0.0
+    budget_at: float = float("inf")  # the event budget runs from the acknowledgement (compiled)
     outcomes: list[tuple[int, str, str | None]] = field(default_factory=list)
     ending: Ending = "complete"
     detail: str = ""
@@ -133,6 +136,7 @@ class _Child:
         self.dead = False  # killed, or stdout closed: never reused
         self._buffer = b""
         self._run: _Run | None = None
+        self._killed = False
 
     @property
     def pid(self) -> int | None:
@@ -163,7 +167,7 @@ class _Child:
         start: int,
         end: int,
         rule_timeout: float,
-        budget_at: float,
+        budget_left: float,
         hard_at: float,
     ) -> asyncio.Future[_Run]:
         """Send one request; the future resolves (never fails) when the child answers or is killed."""
@@ -173,9 +177,8 @@ class _Child:
             next_index=start,
             end=end,
             rule_timeout=rule_timeout,
-            budget_at=budget_at,
+            budget_left=budget_left,
             hard_at=hard_at,
-            sent_at=now,
             rule_started=now,
             future=self.loop.create_future(),
         )
@@ -190,7 +193,9 @@ class _Child:
         return run.future
 
     def _arm(self, run: _Run) -> None:
-        when = min(run.rule_started + run.rule_timeout, run.budget_at, run.hard_at)
+        # Until the child acknowledges (it is compiling the rule list) only the hard deadline applies.
+        rule_at = run.rule_started + run.rule_timeout if run.acked else run.hard_at
+        when = min(rule_at, run.budget_at, run.hard_at)
         run.timer = self.loop.call_at(when, self._on_timer, run)
 
     def _on_timer(self, run: _Run) -> None:
@@ -201,11 +206,8 @@ class _Child:
             self._finish(run, "hard_deadline", "hard deadline reached")
         elif now >= run.budget_at:
             self._finish(run, "budget", "event budget spent")
-        elif now >= run.rule_started + run.rule_timeout:
-            if run.acked:
-                self._finish(run, "timeout", f"rule ran past {run.rule_timeout * 1000:.0f} ms; child killed")
-            else:
-                self._finish(run, "violation", "sandbox child did not acknowledge the request")
+        elif run.acked and now >= run.rule_started + run.rule_timeout:
+            self._finish(run, "timeout", f"rule ran past {run.rule_timeout * 1000:.0f} ms; child killed")
         else:
             self._arm(run)
 
@@ -216,7 +218,7 @@ class _Child:
             run.timer.cancel()
         self._run = None
         run.ending, run.detail = ending, detail
-        run.elapsed = self.loop.time() - run.sent_at
+        run.elapsed = self.loop.time() - run.acked_at if run.acked else 0.0
         if ending not in ("complete", "match"):
             self.kill()
         run.future.set_result(run)
@@ -252,9 +254,15 @@ class _Child:
         if reply is None:
             return
         # Progress only moves the running rule's start; the timer re-arms itself lazily when it fires.
-        run.rule_started = self.loop.time()
+        now = run.rule_started = self.loop.time()
         if reply.kind == "ack":
-            run.acked = True
+            if run.acked:
+                self._finish(run, "violation", "second acknowledgement")
+                return
+            run.acked, run.acked_at, run.budget_at = True, now, now + run.budget_left
+            if run.timer is not None:
+                run.timer.cancel()
+            self._arm(run)
             return
         if not run.acked:
             self._finish(run, "violation", "result before acknowledgement")
@@ -281,9 +289,12 @@ class _Child:
 
     def kill(self) -> None:
         self.dead = True
-        if self.transport is not None and self.transport.get_returncode() is None:
+        pid = self.pid
+        if pid is not None and not self.exited.done() and not self._killed:
+            self._killed = True
+            # os.kill, not Popen.kill: Popen polls first and would reap the zombie behind asyncio's watcher.
             with contextlib.suppress(ProcessLookupError):
-                self.transport.kill()
+                os.kill(pid, signal.SIGKILL)
 
     async def reap(self) -> None:
         """Kill if still running, wait for the exit status (no zombie) and close the transport."""
@@ -396,9 +407,7 @@ class SandboxPool:
         finally:
             self._slots.release()
 
-    async def _evaluate_in_slot(
-        self, exprs: list[object], rule_ids: list[str | None], text: bytes
-    ) -> Evaluation:
+    async def _evaluate_in_slot(self, exprs: list[object], rule_ids: list[str | None], text: bytes) -> Evaluation:
         loop = asyncio.get_running_loop()
         hard_at = loop.time() + self._hard_deadline
         budget_left = self._event_budget  # spent only while a child evaluates, not while one spawns
@@ -413,18 +422,14 @@ class SandboxPool:
                 )
                 break
             if replacements > _MAX_REPLACEMENTS:
-                faults.append(
-                    _fault(-1, rule_ids, "sandbox_failure", f"too many child failures; rules {index}..")
-                )
+                faults.append(_fault(-1, rule_ids, "sandbox_failure", f"too many child failures; rules {index}.."))
                 break
             child = await self._take(hard_at)
             if child is None:
                 faults.append(_fault(-1, rule_ids, "sandbox_failure", f"no sandbox child; rules {index}.."))
                 break
             self._seq += 1
-            header = json.dumps(
-                {"seq": self._seq, "start": index, "exprs": exprs[index:]}, separators=(",", ":")
-            )
+            header = json.dumps({"seq": self._seq, "start": index, "exprs": exprs[index:]}, separators=(",", ":"))
             try:
                 run = await child.run(
                     header.encode() + b"\t" + text + b"\n",
@@ -432,7 +437,7 @@ class SandboxPool:
                     start=index,
                     end=count,
                     rule_timeout=self._rule_timeout,
-                    budget_at=loop.time() + budget_left,
+                    budget_left=budget_left,
                     hard_at=hard_at,
                 )
             except BaseException:
@@ -459,9 +464,7 @@ class SandboxPool:
                 faults.append(_fault(index, rule_ids, "error", "sandbox child died (memory limit?)"))
                 index += 1
             elif run.ending == "budget":
-                faults.extend(
-                    _fault(i, rule_ids, "budget_exhausted", run.detail) for i in range(index, count)
-                )
+                faults.extend(_fault(i, rule_ids, "budget_exhausted", run.detail) for i in range(index, count))
                 break
             else:
                 faults.append(_fault(-1, rule_ids, "sandbox_failure", f"{run.detail}; rules {index}.."))
@@ -530,7 +533,8 @@ class SandboxPool:
         try:
             await child.start(self._argv)
         except Exception as exc:  # any start-up failure: the waiting delivery fails closed
-            log.warning("sandbox child failed to start: %r", exc)
+            if not self._closed:
+                log.warning("sandbox child failed to start: %r", exc)
             self._spawning -= 1
             await self._reap(child)
             while self._waiters:
@@ -590,22 +594,22 @@ def evaluate_in_process(
         return _failure(f"event not JSON-encodable: {type(exc).__name__}")
     exprs, rule_ids = _rule_fields(rules)
     faults: list[Fault] = []
-    spent_total = 0.0
-    for index, expr in enumerate(exprs):
-        if spent_total >= event_budget:
-            faults.extend(
-                _fault(i, rule_ids, "budget_exhausted", "event budget spent")
-                for i in range(index, len(exprs))
-            )
-            break
-        started = time.perf_counter()
-        outcome, detail = _ENGINE.run(expr, text)
-        spent = time.perf_counter() - started
-        spent_total += spent
+    plan = _ENGINE.prepare(exprs)  # compiling is not evaluation: the sandbox times rules after it too
+    budget_left = event_budget
+    started = time.perf_counter()
+    for index, outcome, detail in _ENGINE.evaluate(plan, exprs, text):
+        finished = time.perf_counter()
+        spent, started = finished - started, finished
+        budget_left -= spent
         if spent > rule_timeout:
             faults.append(_fault(index, rule_ids, "timeout", f"rule ran past {rule_timeout * 1000:.0f} ms"))
         elif outcome == "match":
             return Evaluation(matched_index=index, faults=faults)
         elif outcome != "nomatch":
             faults.append(_fault(index, rule_ids, outcome, detail))
+        if budget_left <= 0 and index + 1 < len(exprs):
+            faults.extend(
+                _fault(i, rule_ids, "budget_exhausted", "event budget spent") for i in range(index + 1, len(exprs))
+            )
+            break
     return Evaluation(matched_index=None, faults=faults)

@@ -8,7 +8,8 @@ Protocol (one line each way, every child line starts with ``SBX1 ``):
 
 * request: ``<header JSON> TAB <input JSON>`` where the header is ``{"seq", "start", "exprs"}`` and the
   input is ``[params, envelope]``, handed to jq as text so Python never parses the payload;
-* replies: ``[0, "ready"]`` once at start-up, then per request ``[seq, "ack"]`` and one
+* replies: ``[0, "ready"]`` once at start-up, then per request ``[seq, "ack"]`` (once the rule list
+  is compiled) and one
   ``[seq, "r", rule_index, outcome, detail]`` per evaluated rule; the list ends at the first ``match``
   or after the last rule. Only indexes, outcomes and short fault details ever leave the child.
 """
@@ -20,6 +21,7 @@ import os
 import re
 import sys
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any, Final, Literal
 
 import jq
@@ -69,8 +71,12 @@ def refusal(expr: str) -> str | None:
     return why
 
 
+_CLOSER = {"(": ")", "[": "]", "{": "}"}
+
+
 def _scan_code(expr: str, i: int, *, inside_interpolation: bool) -> tuple[int, str | None]:
-    n, depth = len(expr), 0
+    n = len(expr)
+    open_brackets: list[str] = []
     while i < n:
         c = expr[i]
         if c == '"':
@@ -79,15 +85,20 @@ def _scan_code(expr: str, i: int, *, inside_interpolation: bool) -> tuple[int, s
                 return i, why
             continue
         if c == "#":
-            while i < n and expr[i] != "\n":
-                i += 1
+            end = expr.find("\n", i)
+            end = n if end < 0 else end
+            if expr[i:end].rstrip("\r").endswith("\\"):
+                # jq 1.8 continues such a comment on the next line; refuse rather than guess.
+                return i, "a comment may not end with a backslash"
+            i = end
             continue
-        if c == "(":
-            depth += 1
-        elif c == ")":
-            if depth == 0 and inside_interpolation:
+        if c in _CLOSER:
+            open_brackets.append(_CLOSER[c])
+        elif c in ")]}":
+            if not open_brackets and inside_interpolation and c == ")":
                 return i + 1, None
-            depth -= 1
+            if not open_brackets or open_brackets.pop() != c:
+                return i, f"unbalanced {c!r}"
         elif c == "$":
             m = _IDENT.match(expr, i + 1)
             if m and m.group() in REFUSED_VARIABLES:
@@ -106,7 +117,11 @@ def _scan_code(expr: str, i: int, *, inside_interpolation: bool) -> tuple[int, s
             i = m.end()
             continue
         i += 1
-    return i, None
+    if inside_interpolation:
+        return n, "unterminated string interpolation"
+    if open_brackets:
+        return n, f"unbalanced: missing {open_brackets[-1]!r}"
+    return n, None
 
 
 def _scan_string(expr: str, i: int) -> tuple[int, str | None]:
@@ -125,7 +140,7 @@ def _scan_string(expr: str, i: int) -> tuple[int, str | None]:
         if c == '"':
             return i + 1, None
         i += 1
-    return n, None
+    return n, "unterminated string"
 
 
 def short_detail(message: str) -> str:
@@ -135,62 +150,126 @@ def short_detail(message: str) -> str:
     return first if len(first) <= _DETAIL_MAX else first[: _DETAIL_MAX - 1] + "…"
 
 
-def wrap(expr: str) -> str:
-    """The program actually compiled: $params bound from the input, truthiness decided inside jq."""
-    return f".[0] as $params | .[1] | first((\n{expr}\n)) | (. != null and . != false)"
+def _segment(position: int, expr: str) -> str:
+    """One rule inside the combined program: exactly one output, ``[position, outcome, detail?]``.
+
+    The rule sits alone between its own parentheses on its own lines; refusal() has checked that its
+    brackets balance, so it parses as one term exactly as it would on its own and cannot reach its
+    neighbours.
+    """
+    return (
+        f"(try ([first((\n{expr}\n)) | (. != null and . != false)]"
+        f' | if . == [true] then [{position}, "match"] else [{position}, "nomatch"] end)'
+        f' catch [{position}, "error", (if type == "string" then . else tojson end)])'
+    )
+
+
+def _combined(exprs: list[tuple[int, str]]) -> str:
+    """One program for a whole rule list, so the envelope is parsed once per event, not once per rule.
+
+    ``$params`` comes from the input (``[params, envelope]``), so the compiled program does not depend on
+    params and is shared by every webhook with the same rules.
+    """
+    body = ",\n".join(_segment(position, expr) for position, expr in exprs)
+    return f".[0] as $params | .[1] | (\n{body}\n)"
 
 
 def input_text(params: dict[str, Any] | None, envelope_json: str) -> str:
     """The jq input for one event: params (None binds as {}) beside the already-encoded envelope."""
-    return (
-        "["
-        + json.dumps(params if params is not None else {}, separators=(",", ":"))
-        + ","
-        + envelope_json
-        + "]"
-    )
+    params_json = json.dumps(params if params is not None else {}, separators=(",", ":"))
+    return "[" + params_json + "," + envelope_json + "]"
+
+
+class _Plan:
+    """A rule list made ready: one compiled program for the rules that compile, details for the rest."""
+
+    def __init__(self, program: Any, compile_errors: dict[int, str]) -> None:
+        self.program = program
+        self.compile_errors = compile_errors
 
 
 class RuleEngine:
-    """Compiles rules once (LRU by expression) and evaluates one rule against one input."""
+    """Compiles rule lists once (LRU) and evaluates them first-match-wins, one result at a time."""
 
-    def __init__(self, cache_size: int = 1024) -> None:
-        self._cache: OrderedDict[str, Any] = OrderedDict()  # compiled program, or the compile error text
-        self._cache_size = cache_size
+    def __init__(self, plan_cache_size: int = 64, rule_cache_size: int = 1024) -> None:
+        self._plans: OrderedDict[tuple[object, ...], _Plan] = OrderedDict()
+        self._rule_errors: OrderedDict[str, str | None] = OrderedDict()  # expr → compile error or None
+        self._plan_cache_size = plan_cache_size
+        self._rule_cache_size = rule_cache_size
 
-    def _program(self, expr: str) -> Any:
-        hit = self._cache.get(expr)
-        if hit is not None:
-            self._cache.move_to_end(expr)
-            return hit
-        why = refusal(expr)
-        entry: Any
-        if why is not None:
-            entry = why
-        else:
-            try:
-                entry = jq.compile(wrap(expr))
-            except ValueError as exc:
-                # The wrapper puts the rule on line 2; report lines as the author wrote them.
-                message = _LINE.sub(lambda m: f"line {int(m[1]) - 1}", str(exc).removeprefix("jq: error: "))
-                entry = short_detail(message)
-        self._cache[expr] = entry
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-        return entry
-
-    def run(self, expr: object, text: str) -> tuple[Outcome, str | None]:
-        """Evaluate one rule: its outcome and, for a fault, a short detail."""
-        if not isinstance(expr, str):
-            return "compile_error", "expr is not a string"
-        program = self._program(expr)
-        if isinstance(program, str):
-            return "compile_error", program
+    def prepare(self, exprs: list[object]) -> _Plan:
+        """The compiled plan for a rule list (cached); compiling happens here, before any rule runs."""
+        key = tuple(exprs)
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+            return plan
+        errors: dict[int, str] = {}
+        for position, expr in enumerate(exprs):
+            why = refusal(expr) if isinstance(expr, str) else "expr is not a string"
+            if why is not None:
+                errors[position] = why
+        good = [(p, e) for p, e in enumerate(exprs) if p not in errors and isinstance(e, str)]
         try:
-            first = next(iter(program.input_text(text)), None)
-        except Exception as exc:  # libjq runtime errors arrive as ValueError; anything else is the rule's too
-            return "error", short_detail(str(exc))
-        return ("match" if first is True else "nomatch"), None
+            program = jq.compile(_combined(good)) if good else None
+        except ValueError:
+            # Rare: find the rules that do not compile on their own, then combine the rest.
+            for position, expr in good:
+                error = self._rule_error(expr)
+                if error is not None:
+                    errors[position] = error
+            good = [(p, e) for p, e in good if p not in errors]
+            program = jq.compile(_combined(good)) if good else None
+        plan = _Plan(program, errors)
+        self._plans[key] = plan
+        if len(self._plans) > self._plan_cache_size:
+            self._plans.popitem(last=False)
+        return plan
+
+    def _rule_error(self, expr: str) -> str | None:
+        if expr in self._rule_errors:
+            return self._rule_errors[expr]
+        error: str | None = None
+        try:
+            jq.compile(_combined([(0, expr)]))
+        except ValueError as exc:
+            # The rule starts on line 3 of the combined program; report lines as the author wrote them.
+            message = _LINE.sub(lambda m: f"line {int(m[1]) - 2}", str(exc).removeprefix("jq: error: "))
+            error = short_detail(message)
+        self._rule_errors[expr] = error
+        if len(self._rule_errors) > self._rule_cache_size:
+            self._rule_errors.popitem(last=False)
+        return error
+
+    def evaluate(self, plan: _Plan, exprs: list[object], text: str) -> Iterator[tuple[int, Outcome, str | None]]:
+        """Lazily yield ``(position, outcome, detail)`` per rule, stopping after the first match.
+
+        Each rule runs only when the next result is pulled, so a caller can time (or be killed during)
+        exactly one rule at a time.
+        """
+        results = iter(plan.program.input_text(text)) if plan.program is not None else iter(())
+        for position in range(len(exprs)):
+            if position in plan.compile_errors:
+                yield position, "compile_error", plan.compile_errors[position]
+                continue
+            try:
+                result = next(results)
+            except Exception as exc:  # an error try/catch could not hold: this rule's, and the program is spent
+                yield position, "error", short_detail(str(exc))
+                rest = exprs[position + 1 :]
+                for offset, outcome, detail in self.evaluate(self.prepare(rest), rest, text):
+                    yield position + 1 + offset, outcome, detail
+                return
+            if not (isinstance(result, list) and result and result[0] == position):
+                yield position, "error", "unexpected rule output"
+                return
+            if result[1] == "match":
+                yield position, "match", None
+                return
+            if result[1] == "error":
+                yield position, "error", short_detail(str(result[2]))
+            else:
+                yield position, "nomatch", None
 
 
 def _reply(*fields: object) -> bytes:
@@ -225,12 +304,10 @@ def serve(memory_limit: int, hard_deadline: float) -> None:
         # A self-watchdog: SIGALRM's default action ends the child even inside libjq, even if the
         # parent is gone and can no longer kill it.
         signal.setitimer(signal.ITIMER_REAL, hard_deadline)
-        _write(_reply(seq, "ack"))
-        for offset, expr in enumerate(exprs):
-            outcome, detail = engine.run(expr, text)
-            _write(_reply(seq, "r", start + offset, outcome, detail))
-            if outcome == "match":
-                break
+        plan = engine.prepare(exprs)
+        _write(_reply(seq, "ack"))  # compiled: from here on the parent times each rule
+        for position, outcome, detail in engine.evaluate(plan, exprs, text):
+            _write(_reply(seq, "r", start + position, outcome, detail))
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 

@@ -6,19 +6,24 @@ import logging
 from pathlib import Path
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 log = logging.getLogger("switchboard.store")
+
+Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
+"""The pool type every store receives: connections that return dict rows."""
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 _MIGRATION_LOCK = 0x5B0A_4D16  # advisory lock id held while migrating
 
 
-async def open_pool(url: str, *, max_size: int = 10, min_size: int = 1) -> AsyncConnectionPool:
+async def open_pool(url: str, *, max_size: int = 10, min_size: int = 1) -> Pool:
     """Open a pool whose connections return dict rows."""
-    pool = AsyncConnectionPool(
+    pool: Pool = AsyncConnectionPool(
         url,
+        connection_class=AsyncConnection[DictRow],
         min_size=min_size,
         max_size=max_size,
         kwargs={"row_factory": dict_row, "autocommit": True},

@@ -8,11 +8,11 @@ from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from routing.delivery import CommitInput, CommitResult, TodoRef
 from routing.envelope import parse_payload
 from routing.titles import todo_title
+from store.db import Pool
 from store.ids import new_id
 
 DOORBELL_CHANNEL = "switchboard_todos"
@@ -61,13 +61,13 @@ def _jsonb_payload(body: bytes) -> Jsonb | None:
 class DeliveryStore:
     """Writes the outcome of routing; idempotent, so Temporal may retry it freely."""
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
     async def commit(self, data: CommitInput) -> CommitResult:
         """Persist the event and its todos once; a redelivery returns what the first delivery made."""
         d, decision = data.delivery, data.decision
-        base = {"verified": d.verified, "trust_mode": d.trust_mode}
+        base: dict[str, Any] = {"verified": d.verified, "trust_mode": d.trust_mode}
         async with self.pool.connection() as conn, conn.transaction():
             existing = await self._existing(conn, d.endpoint_id, d.source, d.external_id)
             if existing is not None:
@@ -164,7 +164,12 @@ class DeliveryStore:
                     row = await cur.fetchone()
                     if row is not None:
                         refs.append(
-                            TodoRef(id=row["id"], endpoint_id=target.endpoint_id, queue=target.queue, created=False)
+                            TodoRef(
+                                id=row["id"],
+                                endpoint_id=target.endpoint_id,
+                                queue=target.queue,
+                                created=False,
+                            )
                         )
             await conn.execute("UPDATE events SET todo_ids = %s WHERE id = %s", ([t.id for t in refs], event_id))
             return CommitResult(
@@ -176,7 +181,9 @@ class DeliveryStore:
                 **base,
             )
 
-    async def _existing(self, conn: AsyncConnection[Any], endpoint_id: str, source: str, external_id: str) -> dict[str, Any] | None:
+    async def _existing(
+        self, conn: AsyncConnection[Any], endpoint_id: str, source: str, external_id: str
+    ) -> dict[str, Any] | None:
         cur = await conn.execute(_FIND_EVENT, (endpoint_id, source, external_id))
         row = await cur.fetchone()
         if row is None:

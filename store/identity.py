@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
+from store.db import Pool
 from store.errors import InvalidArgument, NotFound, Unauthenticated
 from store.ids import credential_hash, new_credential, new_id
 from store.models import Caller
@@ -22,7 +22,7 @@ WHERE e.credential_hash = %s AND e.state = 'live'
 class IdentityStore:
     """Operator-side identity records and credential resolution."""
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
     async def create_human(self, name: str) -> str:

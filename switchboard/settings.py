@@ -21,6 +21,7 @@ class Settings(BaseSettings):
     database_url: str | None = None
     temporal_address: str | None = None
     temporal_namespace: str = "default"
+    temporal_port: int = 7233
     temporal_ui_port: int = 8233
     task_queue: str = "switchboard"
     admin_token: str | None = None

@@ -11,8 +11,8 @@ from temporalio.client import (
     ScheduleActionStartWorkflow,
     ScheduleAlreadyRunningError,
     ScheduleIntervalSpec,
-    SchedulePolicy,
     ScheduleOverlapPolicy,
+    SchedulePolicy,
     ScheduleSpec,
 )
 from temporalio.contrib.pydantic import pydantic_data_converter

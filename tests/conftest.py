@@ -48,7 +48,9 @@ def database_url(pg_server: Any, template_db: str) -> Iterator[str]:
     """A fresh database cloned from the migrated template."""
     name = f"sb_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_server.get_uri(), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template_db)))
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template_db))
+        )
     yield pg_server.get_uri(name)
     with psycopg.connect(pg_server.get_uri(), autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
@@ -187,11 +189,15 @@ async def running_stack(
             worker = build_worker(client, pool, settings, task_queue=task_queue, sandbox=sandbox)
             await stack.enter_async_context(worker)
         transport = httpx.ASGITransport(app=app)
-        http = await stack.enter_async_context(httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=60))
+        http = await stack.enter_async_context(
+            httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=60)
+        )
         yield Stack(settings, http, client, database_url)
 
 
 @pytest.fixture
-async def stack(tmp_path: Path, database_url: str, temporal_env: WorkflowEnvironment, sandbox: Any) -> AsyncIterator[Stack]:
+async def stack(
+    tmp_path: Path, database_url: str, temporal_env: WorkflowEnvironment, sandbox: Any
+) -> AsyncIterator[Stack]:
     async with running_stack(tmp_path, database_url, temporal_env.client, sandbox) as s:
         yield s

@@ -11,7 +11,9 @@ import httpx
 from routing.signatures import sign_gitea, sign_github
 
 
-def issue_payload(number: int = 7, title: str = "Fix the build", action: str = "opened", **extra: Any) -> dict[str, Any]:
+def issue_payload(
+    number: int = 7, title: str = "Fix the build", action: str = "opened", **extra: Any
+) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "action": action,
         "issue": {
@@ -55,7 +57,9 @@ async def post_github(
     return await http.post(f"/webhooks/w/{token_of(webhook['ingest_url'])}", content=body, headers=headers)
 
 
-async def post_gitea(http: httpx.AsyncClient, webhook: dict[str, Any], payload: Any, *, delivery: str) -> httpx.Response:
+async def post_gitea(
+    http: httpx.AsyncClient, webhook: dict[str, Any], payload: Any, *, delivery: str
+) -> httpx.Response:
     body = json.dumps(payload).encode()
     headers = {"Content-Type": "application/json", "X-Gitea-Event": "issues", "X-Gitea-Delivery": delivery}
     headers.update(sign_gitea(webhook["secret"].encode(), body))

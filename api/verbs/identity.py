@@ -26,7 +26,13 @@ class WhoamiOutput(BaseModel):
     webhook_ceiling: Ceiling
 
 
-@verb("whoami", input=WhoamiInput, output=WhoamiOutput, family="identity", summary="The caller's identity and scope.")
+@verb(
+    "whoami",
+    input=WhoamiInput,
+    output=WhoamiOutput,
+    family="identity",
+    summary="The caller's identity and scope.",
+)
 async def whoami(ctx: Context, data: WhoamiInput) -> WhoamiOutput:
     c = ctx.caller
     return WhoamiOutput(

@@ -48,7 +48,13 @@ F = TypeVar("F", bound=Handler)
 
 
 def verb(
-    name: str, *, input: type[BaseModel], output: type[BaseModel], family: str, summary: str, rate_class: str = "agent"
+    name: str,
+    *,
+    input: type[BaseModel],
+    output: type[BaseModel],
+    family: str,
+    summary: str,
+    rate_class: str = "agent",
 ) -> Callable[[F], F]:
     """Register a handler as a verb; adding a verb is this one decorator."""
 

@@ -112,14 +112,25 @@ class TodoResult(BaseModel):
     todo: TodoOut
 
 
-@verb("list_todos", input=ListTodosInput, output=ListTodosOutput, family="todos",
-      summary="List todos in the endpoint's queues, newest first.")
+@verb(
+    "list_todos",
+    input=ListTodosInput,
+    output=ListTodosOutput,
+    family="todos",
+    summary="List todos in the endpoint's queues, newest first.",
+)
 async def list_todos(ctx: Context, data: ListTodosInput) -> ListTodosOutput:
     rows = await ctx.services.todos.list(ctx.caller, data.queue, data.state, data.limit)
     return ListTodosOutput(todos=[TodoSummary.model_validate(r.model_dump()) for r in rows])
 
 
-@verb("get_todo", input=TodoIdInput, output=TodoResult, family="todos", summary="One todo with its trace and payload.")
+@verb(
+    "get_todo",
+    input=TodoIdInput,
+    output=TodoResult,
+    family="todos",
+    summary="One todo with its trace and payload.",
+)
 async def get_todo(ctx: Context, data: TodoIdInput) -> TodoResult:
     return TodoResult(todo=_full(await ctx.services.todos.get(ctx.caller, data.todo_id)))
 
@@ -129,8 +140,13 @@ async def claim(ctx: Context, data: ClaimInput) -> TodoResult:
     return TodoResult(todo=_full(await ctx.services.todos.claim(ctx.caller, data.todo_id, data.lease_seconds)))
 
 
-@verb("claim_next", input=ClaimNextInput, output=ClaimNextOutput, family="todos",
-      summary="Claim the oldest pending todo in scope; {empty: true} when there is none.")
+@verb(
+    "claim_next",
+    input=ClaimNextInput,
+    output=ClaimNextOutput,
+    family="todos",
+    summary="Claim the oldest pending todo in scope; {empty: true} when there is none.",
+)
 async def claim_next(ctx: Context, data: ClaimNextInput) -> ClaimNextOutput:
     todo = await ctx.services.todos.claim_next(ctx.caller, data.queue, data.lease_seconds)
     return ClaimNextOutput(empty=True) if todo is None else ClaimNextOutput(todo=_full(todo))
@@ -141,17 +157,34 @@ async def complete(ctx: Context, data: CompleteInput) -> TodoResult:
     return TodoResult(todo=_full(await ctx.services.todos.complete(ctx.caller, data.todo_id, data.result)))
 
 
-@verb("fail", input=FailInput, output=TodoResult, family="todos",
-      summary="Fail a held todo: retry after backoff, or dead letter at the attempt cap.")
+@verb(
+    "fail",
+    input=FailInput,
+    output=TodoResult,
+    family="todos",
+    summary="Fail a held todo: retry after backoff, or dead letter at the attempt cap.",
+)
 async def fail(ctx: Context, data: FailInput) -> TodoResult:
     return TodoResult(todo=_full(await ctx.services.todos.fail(ctx.caller, data.todo_id, data.error, data.result)))
 
 
-@verb("heartbeat", input=HeartbeatInput, output=TodoResult, family="todos", summary="Extend the lease on a held todo.")
+@verb(
+    "heartbeat",
+    input=HeartbeatInput,
+    output=TodoResult,
+    family="todos",
+    summary="Extend the lease on a held todo.",
+)
 async def heartbeat(ctx: Context, data: HeartbeatInput) -> TodoResult:
     return TodoResult(todo=_full(await ctx.services.todos.heartbeat(ctx.caller, data.todo_id, data.lease_seconds)))
 
 
-@verb("release", input=TodoIdInput, output=TodoResult, family="todos", summary="Give a held todo back to the queue.")
+@verb(
+    "release",
+    input=TodoIdInput,
+    output=TodoResult,
+    family="todos",
+    summary="Give a held todo back to the queue.",
+)
 async def release(ctx: Context, data: TodoIdInput) -> TodoResult:
     return TodoResult(todo=_full(await ctx.services.todos.release(ctx.caller, data.todo_id)))

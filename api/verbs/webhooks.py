@@ -55,8 +55,14 @@ def ingest_url(ctx: Context, token: str) -> str:
     return f"{ctx.services.settings.base_url()}/webhooks/w/{token}"
 
 
-@verb("create_webhook", input=CreateWebhookInput, output=CreateWebhookOutput, family="webhooks",
-      summary="Create a webhook within the ceiling; a signed type's secret is shown once.", rate_class="webhook_admin")
+@verb(
+    "create_webhook",
+    input=CreateWebhookInput,
+    output=CreateWebhookOutput,
+    family="webhooks",
+    summary="Create a webhook within the ceiling; a signed type's secret is shown once.",
+    rate_class="webhook_admin",
+)
 async def create_webhook(ctx: Context, data: CreateWebhookInput) -> CreateWebhookOutput:
     made: dict[str, Any] = await ctx.services.webhooks.create(ctx.caller, data.source_type, data.target_queue)
     return CreateWebhookOutput(
@@ -69,8 +75,13 @@ async def create_webhook(ctx: Context, data: CreateWebhookInput) -> CreateWebhoo
     )
 
 
-@verb("list_webhooks", input=ListWebhooksInput, output=ListWebhooksOutput, family="webhooks",
-      summary="This endpoint's webhooks and its ceiling; never secrets.")
+@verb(
+    "list_webhooks",
+    input=ListWebhooksInput,
+    output=ListWebhooksOutput,
+    family="webhooks",
+    summary="This endpoint's webhooks and its ceiling; never secrets.",
+)
 async def list_webhooks(ctx: Context, data: ListWebhooksInput) -> ListWebhooksOutput:
     rows = await ctx.services.webhooks.list_for_endpoint(ctx.caller)
     c = ctx.caller
@@ -88,6 +99,9 @@ async def list_webhooks(ctx: Context, data: ListWebhooksInput) -> ListWebhooksOu
             for w in rows
         ],
         ceiling=CeilingOut(
-            max=c.webhook_max, allowed_source_types=c.webhook_source_types, allowed_queues=c.webhook_queues, used=len(rows)
+            max=c.webhook_max,
+            allowed_source_types=c.webhook_source_types,
+            allowed_queues=c.webhook_queues,
+            used=len(rows),
         ),
     )

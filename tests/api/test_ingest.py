@@ -25,14 +25,19 @@ async def test_signed_github_delivery_becomes_a_claimable_todo(stack: Stack) -> 
     claimed = await agent.ok("claim_next", {})
     assert claimed["todo"]["id"] == todo["id"]
     assert claimed["todo"]["state"] == "claimed" and claimed["todo"]["owner"] == f"agent:{agent.agent_id}"
-    assert claimed["todo"]["routing"] == {"stage": "default", "cause": "no_match_default", "action": {"queue": "work"}}
+    assert claimed["todo"]["routing"] == {
+        "stage": "default",
+        "cause": "no_match_default",
+        "action": {"queue": "work"},
+    }
     assert claimed["todo"]["kind"] == "issues"
     assert "acme/app#7" in claimed["todo"]["title"]
     done = await agent.ok("complete", {"todo_id": todo["id"], "result": {"ok": True}})
     assert done["todo"]["state"] == "done"
 
     [(trace, disposition, verified, external_id, headers)] = stack.sql(
-        "SELECT routing_trace, disposition, verified, external_id, headers FROM events WHERE id = %s", body["event_id"]
+        "SELECT routing_trace, disposition, verified, external_id, headers FROM events WHERE id = %s",
+        body["event_id"],
     )
     assert trace == {"stage": "default", "cause": "no_match_default", "action": {"queue": "work"}}
     assert disposition == "routed" and verified is True
@@ -58,7 +63,9 @@ async def test_twenty_concurrent_redeliveries_make_one_event_and_one_todo(stack:
     later = await post_github(stack.http, webhook, payload, delivery="same")
     assert later.status_code == 202
     assert later.json()["duplicate"] is True and later.json()["created"] == 0
-    assert later.json()["todos"] == [{"id": todo_ids.pop(), "endpoint_id": agent.endpoint_id, "queue": "work", "created": False}]
+    assert later.json()["todos"] == [
+        {"id": todo_ids.pop(), "endpoint_id": agent.endpoint_id, "queue": "work", "created": False}
+    ]
 
 
 async def test_bad_signatures_unknown_tokens_and_oversized_bodies_write_nothing(stack: Stack) -> None:
@@ -107,8 +114,12 @@ async def test_route_to_second_endpoint_of_same_human_mints_one_todo_per_target(
     webhook = await owner.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
     from store.webhooks import WebhookStore  # routes verbs land with the agent-surface issue
 
-    stack.sql("INSERT INTO webhook_routes (webhook_id, target_endpoint_id) VALUES (%s, %s)", webhook["webhook_id"], second.endpoint_id)
-    assert WebhookStore  # noqa: B018
+    stack.sql(
+        "INSERT INTO webhook_routes (webhook_id, target_endpoint_id) VALUES (%s, %s)",
+        webhook["webhook_id"],
+        second.endpoint_id,
+    )
+    assert WebhookStore
     resp = await post_github(stack.http, webhook, issue_payload())
     todos = resp.json()["todos"]
     assert [t["endpoint_id"] for t in todos] == [owner.endpoint_id, second.endpoint_id]

@@ -351,7 +351,7 @@ def test_tags_do_not_touch_verified_or_actor() -> None:
     e = env("cairn", cairn_body(tags=["handoff", "lane:m", "verified", "actor:root"]), verified=False)
     assert e["verified"] is False
     assert e["artifact"]["actor_id"] == "joestump-agent"
-    assert [t for t in e["artifact"]["tags"] if t.startswith("lane:")][0] == "lane:m"
+    assert next(t for t in e["artifact"]["tags"] if t.startswith("lane:")) == "lane:m"
 
 
 def test_subject_keys() -> None:

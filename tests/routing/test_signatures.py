@@ -38,9 +38,7 @@ def _upper_hex(headers: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def _cairn_body(
-    event_id: object = "evt_1", created_at: object = None, *, drop: tuple[str, ...] = ()
-) -> bytes:
+def _cairn_body(event_id: object = "evt_1", created_at: object = None, *, drop: tuple[str, ...] = ()) -> bytes:
     doc: dict[str, object] = {
         "event_id": event_id,
         "kind": "artifact.created",
@@ -194,9 +192,7 @@ def test_slack_upper_hex() -> None:
 
 
 def test_slack_invalid() -> None:
-    assert (
-        verify("slack", SECRET, sign_slack(OTHER, BODY, int(NOW)), BODY, NOW).detail == "signature_mismatch"
-    )
+    assert verify("slack", SECRET, sign_slack(OTHER, BODY, int(NOW)), BODY, NOW).detail == "signature_mismatch"
 
 
 def test_slack_missing_signature_and_timestamp() -> None:
@@ -263,9 +259,7 @@ def test_cairn_missing_created_at() -> None:
     assert verify("cairn", SECRET, sign_cairn(SECRET, body), body, NOW).detail == "missing_created_at"
 
 
-@pytest.mark.parametrize(
-    "created_at", ["yesterday", "2023-11-14T22:13:20", "2023-11-14", "2023-13-40T00:00:00Z"]
-)
+@pytest.mark.parametrize("created_at", ["yesterday", "2023-11-14T22:13:20", "2023-11-14", "2023-13-40T00:00:00Z"])
 def test_cairn_invalid_created_at(created_at: str) -> None:
     body = _cairn_body(created_at=created_at)
     assert verify("cairn", SECRET, sign_cairn(SECRET, body), body, NOW).detail == "invalid_created_at"

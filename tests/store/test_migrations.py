@@ -23,7 +23,17 @@ def test_migrations_apply_twice_from_empty(pg_server: Any) -> None:
         tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
         indexes = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = 'public'")}
         ledger = [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY version")]
-    assert {"humans", "agents", "endpoints", "endpoint_webhooks", "webhook_routes", "friend_edges", "events",
-            "todos", "routing_once", "schema_migrations"} <= tables
+    assert {
+        "humans",
+        "agents",
+        "endpoints",
+        "endpoint_webhooks",
+        "webhook_routes",
+        "friend_edges",
+        "events",
+        "todos",
+        "routing_once",
+        "schema_migrations",
+    } <= tables
     assert {"events_dedup_idx", "todos_live_idem_idx"} <= indexes
     assert ledger == first

@@ -1,0 +1,124 @@
+"""RouteDelivery under failure: Temporal down, worker killed mid-delivery; and replay determinism."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
+
+from routing.delivery import CommitResult
+from store.db import open_pool
+from switchboard.embedded import search_attribute_args, temporal_cli
+from tests.conftest import Stack, running_stack
+from tests.helpers import issue_payload, post_github
+from worker import build_worker
+from workflows.route_delivery import RouteDelivery
+from workflows.upkeep import ReapTodos
+
+HISTORIES = Path(__file__).parent / "histories"
+
+
+async def test_temporal_unreachable_answers_503_and_writes_nothing(
+    tmp_path: Path, database_url: str, sandbox: Any
+) -> None:
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=temporal_cli(),
+        dev_server_extra_args=search_attribute_args(),
+        ui=False,
+    )
+    async with running_stack(tmp_path, database_url, env.client, sandbox, with_worker=False) as stack:
+        agent = await stack.agent()
+        webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
+        await env.shutdown()
+        resp = await post_github(stack.http, webhook, issue_payload())
+        assert resp.status_code == 503 and resp.json() == {"error": "routing is unavailable, retry later"}
+        assert stack.sql("SELECT count(*) FROM events")[0][0] == 0
+        health = await stack.http.get("/healthz")
+        assert health.status_code == 503 and health.json()["temporal"] == "unavailable"
+
+
+async def test_worker_killed_mid_delivery_still_ends_with_exactly_one_todo(
+    tmp_path: Path, database_url: str, temporal_env: WorkflowEnvironment, sandbox: Any
+) -> None:
+    client = temporal_env.client
+    async with running_stack(tmp_path, database_url, client, sandbox, with_worker=False) as stack:
+        stack.settings.ingest_wait_seconds = 1.0
+        agent = await stack.agent()
+        webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "SWITCHBOARD_DATABASE_URL": database_url,
+            "SWITCHBOARD_TEMPORAL_ADDRESS": client.service_client.config.target_host,
+            "SWITCHBOARD_TASK_QUEUE": stack.settings.task_queue,
+            "SWITCHBOARD_SECRET_KEY": stack.settings.secret_key or "",
+            "SWITCHBOARD_ADMIN_TOKEN": stack.settings.admin_token or "",
+            "SWITCHBOARD_HOME": str(tmp_path / "worker-home"),
+            "SWITCHBOARD_FAULT_COMMIT_DELAY": "60",
+        }
+        proc = subprocess.Popen([sys.executable, "-m", "switchboard.cli", "worker"], env=env, start_new_session=True)
+        try:
+            resp = await post_github(stack.http, webhook, issue_payload(), delivery="crash-1")
+            assert resp.status_code == 202 and resp.json()["pending"] is True
+            workflow_id = resp.json()["workflow_id"]
+            await asyncio.sleep(1.5)  # the worker is now inside the (delayed) commit
+            assert stack.sql("SELECT count(*) FROM events")[0][0] == 0
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        pool = await open_pool(database_url, max_size=4)
+        try:
+            async with build_worker(
+                client, pool, stack.settings, task_queue=stack.settings.task_queue, sandbox=sandbox
+            ):
+                result = await client.get_workflow_handle(workflow_id, result_type=CommitResult).result()
+                assert result.created == 1
+                again = await post_github(stack.http, webhook, issue_payload(), delivery="crash-1")
+                assert again.json()["duplicate"] is True
+        finally:
+            await pool.close()
+        assert stack.sql("SELECT count(*) FROM events")[0][0] == 1
+        assert stack.sql("SELECT count(*) FROM todos")[0][0] == 1
+
+
+async def test_search_attributes_and_replay(stack: Stack) -> None:
+    agent = await stack.agent()
+    webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
+    resp = await post_github(stack.http, webhook, issue_payload(), delivery="replay-1")
+    assert resp.status_code == 202
+    from workflows.route_delivery import workflow_id_for
+
+    handle = stack.temporal.get_workflow_handle(
+        workflow_id_for(webhook["webhook_id"], f"{webhook['webhook_id']}:replay-1")
+    )
+    desc = await handle.describe()
+    attrs = {k.name: v for k, v in desc.typed_search_attributes}
+    assert attrs["SwitchboardWebhookId"] == webhook["webhook_id"]
+    assert attrs["SwitchboardSource"] == "github"
+    assert attrs["SwitchboardKind"] == "issues"
+    assert attrs["SwitchboardDecision"] == "routed"
+    history = await handle.fetch_history()
+    replayer = Replayer(workflows=[RouteDelivery, ReapTodos], data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(history)
+    if os.environ.get("SWITCHBOARD_WRITE_HISTORIES"):
+        HISTORIES.mkdir(exist_ok=True)
+        (HISTORIES / "route_delivery_default.json").write_text(history.to_json())
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in HISTORIES.glob("*.json")) if HISTORIES.exists() else [])
+async def test_committed_histories_still_replay(name: str) -> None:
+    history = WorkflowHistory.from_json(str(uuid.uuid4()), json.loads((HISTORIES / name).read_text()))
+    replayer = Replayer(workflows=[RouteDelivery, ReapTodos], data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(history)
