@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from temporalio.client import Client
 
 from api import admin, ingest
 from api.agent import agent_router
@@ -28,8 +29,8 @@ DESCRIPTION = """Switchboard turns webhook deliveries into durable, explainable 
 """
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """Build the app; the lifespan opens the pool and the Temporal client."""
+def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI:
+    """Build the app; the lifespan opens the pool and (unless one is given) the Temporal client."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -37,7 +38,9 @@ def create_app(settings: Settings) -> FastAPI:
         settings.ensure_generated_secrets()
         pool = await open_pool(settings.database_url, max_size=settings.db_pool_max)
         # Lazy: the API comes up (and answers 503 on ingest) even while Temporal is unreachable.
-        client = await connect(settings, lazy=True) if settings.temporal_address else None
+        client = temporal
+        if client is None and settings.temporal_address:
+            client = await connect(settings, lazy=True)
         app.state.services = Services.build(settings, pool, client)
         try:
             yield

@@ -135,6 +135,8 @@ async def start_and_wait(request: Request, delivery: DeliveryInput) -> JSONRespo
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             search_attributes=TypedSearchAttributes(attrs),
             rpc_timeout=timedelta(seconds=5),
+            # Taken only when this process also hosts a worker on the task queue (switchboard dev / api).
+            request_eager_start=settings.eager_start,
         )
     except Exception:
         # Nothing was written: the producer's retry is the recovery.

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from routing.sandbox import SandboxPool, evaluate_in_process  # noqa: E402
+from routing.sandbox import SandboxPool, evaluate_in_process
 
 ITERATIONS = 500
 RUNAWAY_ITERATIONS = 20
@@ -75,7 +74,12 @@ def _repository() -> dict[str, Any]:
         "archived": False,
         "disabled": False,
         "open_issues_count": 87,
-        "license": {"key": "mit", "name": "MIT License", "spdx_id": "MIT", "url": "https://api.github.com/licenses/mit"},
+        "license": {
+            "key": "mit",
+            "name": "MIT License",
+            "spdx_id": "MIT",
+            "url": "https://api.github.com/licenses/mit",
+        },
         "topics": ["widgets", "sprockets", "automation", "python"],
         "visibility": "public",
         "forks": 211,
@@ -83,11 +87,44 @@ def _repository() -> dict[str, Any]:
         "watchers": 1312,
         "default_branch": "main",
     }
-    for name in ("forks", "keys", "collaborators", "teams", "hooks", "issue_events", "events", "assignees",
-                 "branches", "tags", "blobs", "git_tags", "git_refs", "trees", "statuses", "languages",
-                 "stargazers", "contributors", "subscribers", "subscription", "commits", "git_commits",
-                 "comments", "issue_comment", "contents", "compare", "merges", "archive", "downloads",
-                 "issues", "pulls", "milestones", "notifications", "labels", "releases", "deployments"):
+    for name in (
+        "forks",
+        "keys",
+        "collaborators",
+        "teams",
+        "hooks",
+        "issue_events",
+        "events",
+        "assignees",
+        "branches",
+        "tags",
+        "blobs",
+        "git_tags",
+        "git_refs",
+        "trees",
+        "statuses",
+        "languages",
+        "stargazers",
+        "contributors",
+        "subscribers",
+        "subscription",
+        "commits",
+        "git_commits",
+        "comments",
+        "issue_comment",
+        "contents",
+        "compare",
+        "merges",
+        "archive",
+        "downloads",
+        "issues",
+        "pulls",
+        "milestones",
+        "notifications",
+        "labels",
+        "releases",
+        "deployments",
+    ):
         repo[f"{name}_url"] = f"{api}/{name}"
     return repo
 
@@ -139,8 +176,18 @@ def github_issue_envelope() -> dict[str, Any]:
         "author_association": "CONTRIBUTOR",
         "active_lock_reason": None,
         "body": body,
-        "reactions": {"url": "https://api.github.com/repos/acme/widgets/issues/4711/reactions", "total_count": 4,
-                      "+1": 3, "-1": 0, "laugh": 0, "hooray": 0, "confused": 0, "heart": 1, "rocket": 0, "eyes": 0},
+        "reactions": {
+            "url": "https://api.github.com/repos/acme/widgets/issues/4711/reactions",
+            "total_count": 4,
+            "+1": 3,
+            "-1": 0,
+            "laugh": 0,
+            "hooray": 0,
+            "confused": 0,
+            "heart": 1,
+            "rocket": 0,
+            "eyes": 0,
+        },
         "timeline_url": "https://api.github.com/repos/acme/widgets/issues/4711/timeline",
         "state_reason": None,
     }
@@ -198,35 +245,35 @@ PARAMS = {
 NON_MATCHING = [
     '.issue.action == "closed"',
     '.issue.label_event and .issue.label == "ready"',
-    '.issue.repo as $r | ($params.security_repos | arrays | index($r)) != null',
-    '.issue.author as $a | ($params.trusted_humans | arrays | index($a)) != null',
+    ".issue.repo as $r | ($params.security_repos | arrays | index($r)) != null",
+    ".issue.author as $a | ($params.trusted_humans | arrays | index($a)) != null",
     '.issue.labels | index("security") != null',
     '.issue.labels | any(startswith("priority/p0"))',
     '.issue.title | test("^\\\\[RFC\\\\]"; "i")',
     '.payload.issue.body | contains("SECURITY.md")',
     '.issue.state == "closed" and .issue.action == "reopened"',
-    '.payload.repository.private',
-    '.payload.repository.archived',
+    ".payload.repository.private",
+    ".payload.repository.archived",
     '.payload.issue.author_association == "OWNER"',
     '.payload.issue.milestone.title == "v2.0"',
-    '.issue.body_size > 100000',
+    ".issue.body_size > 100000",
     '.source == "gitea"',
     '.kind == "issues.deleted"',
     '.headers["x-github-event"] == "pull_request"',
     '.payload.issue.assignees | map(.login) | index("release-bot") != null',
     '.payload.issue.labels | map(.name) | index("wontfix") != null',
-    '.issue.labels | length > 8',
-    '.payload.issue.reactions.total_count > 50',
-    '.payload.issue.comments > 100',
+    ".issue.labels | length > 8",
+    ".payload.issue.reactions.total_count > 50",
+    ".payload.issue.comments > 100",
     '.issue.title | ascii_downcase | contains("flaky test")',
     '.payload.sender.type == "Bot"',
-    '.payload.issue.user.site_admin',
+    ".payload.issue.user.site_admin",
     '.issue.labels | index("area/docs") != null and index("good first issue") != null',
     '.payload.repository.topics | index("security") != null',
     '.payload.issue.state_reason == "not_planned"',
-    '(.payload.issue.body | length) < 10',
+    "(.payload.issue.body | length) < 10",
     '.issue.key | startswith("gitea:")',
-    '.verified | not',
+    ".verified | not",
 ]
 MATCHING = '.issue.action == "opened" and (.issue.labels | index("needs-triage") != null) and .verified'
 RULES = [{"id": f"r{i:02d}", "expr": e, "action": {"queue": "triage"}} for i, e in enumerate([*NON_MATCHING, MATCHING])]

@@ -12,18 +12,19 @@ import asyncio
 import contextlib
 import json
 import logging
+import mmap
 import os
 import signal
 import sys
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from routing.models import Evaluation, Fault
-from routing.sandbox_child import PREFIX, RuleEngine, input_text
+from routing.sandbox_child import COMPILING, PREFIX, PROGRESS, RuleEngine, input_text
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +32,12 @@ CHILD_SCRIPT: Final = Path(__file__).with_name("sandbox_child.py")
 _SPAWN_TIMEOUT: Final = 10.0
 _REAP_TIMEOUT: Final = 5.0
 _MAX_LINE: Final = 64 * 1024
+_WARM_LISTS: Final = 16  # recently evaluated rule lists a new child compiles before joining the pool
 _MAX_REPLACEMENTS: Final = 4  # children killed or lost for one delivery before the rest fails closed
 _DETAIL_MAX: Final = 200
-_OUTCOMES: Final = frozenset({"match", "nomatch", "error", "compile_error"})
+_FAULT_CAUSES: Final = frozenset({"error", "compile_error"})
 
-Ending = Literal["complete", "match", "timeout", "budget", "hard_deadline", "died", "violation"]
+Ending = Literal["complete", "timeout", "budget", "hard_deadline", "died", "died_compiling", "violation", "gone"]
 
 
 class ProtocolViolation(Exception):
@@ -44,20 +46,20 @@ class ProtocolViolation(Exception):
 
 @dataclass(frozen=True)
 class Reply:
-    """One parsed child reply: an acknowledgement or one rule's outcome."""
+    """One parsed child reply: a faulted rule, or the end of the request with the matching rule if any."""
 
-    kind: Literal["ack", "result"]
-    rule_index: int = -1
-    outcome: str = ""
+    kind: Literal["fault", "end"]
+    rule_index: int | None = None
+    cause: str = ""
     detail: str | None = None
 
 
 def parse_reply(line: bytes, *, seq: int, expected_index: int, rule_count: int) -> Reply | None:
     """Parse one child line for request ``seq``; None means ignore it, ProtocolViolation means fail closed.
 
-    Lines without the prefix and replies to other requests are ignored. A prefixed reply whose rule
-    index is out of range or out of order (e.g. a forged match) is a violation: the parent records no
-    match and a sandbox_failure.
+    Lines without the prefix and replies to other requests are ignored. A prefixed reply naming a rule
+    outside ``[expected_index, rule_count)`` (e.g. a forged match) is a violation: the parent then
+    records no match and a sandbox_failure.
     """
     if not line.startswith(PREFIX):
         return None
@@ -69,39 +71,40 @@ def parse_reply(line: bytes, *, seq: int, expected_index: int, rule_count: int) 
         raise ProtocolViolation("malformed reply")
     if fields[0] != seq:
         return None
-    if fields[1] == "ack" and len(fields) == 2:
-        return Reply(kind="ack")
+    if fields[1] == "end" and len(fields) == 3:
+        index = fields[2]
+        if index is not None and (type(index) is not int or not expected_index <= index < rule_count):
+            raise ProtocolViolation(f"matched index {index!r} out of range")
+        return Reply(kind="end", rule_index=index)
     if fields[1] != "r" or len(fields) != 5:
         raise ProtocolViolation("malformed reply")
-    _, _, index, outcome, detail = fields
-    if type(index) is not int or not 0 <= index < rule_count:
+    _, _, index, cause, detail = fields
+    if type(index) is not int or not expected_index <= index < rule_count:
         raise ProtocolViolation(f"rule index {index!r} out of range")
-    if index != expected_index:
-        raise ProtocolViolation(f"rule index {index} out of order (expected {expected_index})")
-    if outcome not in _OUTCOMES or not (detail is None or isinstance(detail, str)):
-        raise ProtocolViolation("malformed result")
-    return Reply(kind="result", rule_index=index, outcome=outcome, detail=detail and detail[:_DETAIL_MAX])
+    if cause not in _FAULT_CAUSES or not (detail is None or isinstance(detail, str)):
+        raise ProtocolViolation("malformed fault")
+    return Reply(kind="fault", rule_index=index, cause=cause, detail=detail and detail[:_DETAIL_MAX])
 
 
 @dataclass
 class _Run:
-    """One request on one child: the rules from ``next_index`` to ``end`` and what came back."""
+    """One request on one child: rules ``next_index`` to ``end``, and what is known of them so far."""
 
     seq: int
-    next_index: int
+    next_index: int  # the first rule not known to be finished
     end: int
     rule_timeout: float
     budget_left: float
     hard_at: float
-    rule_started: float
     future: asyncio.Future[_Run]
-    acked: bool = False
-    acked_at: float = 0.0
-    budget_at: float = float("inf")  # the event budget runs from the acknowledgement (compiled)
-    outcomes: list[tuple[int, str, str | None]] = field(default_factory=list)
+    faults: list[tuple[int, str, str | None]] = field(default_factory=list)
+    matched: int | None = None
     ending: Ending = "complete"
+    stopped_at: int = -1  # the rule running when the child was killed or died
     detail: str = ""
+    began_at: float | None = None  # when the first rule started (the child had compiled the list)
     elapsed: float = 0.0
+    killing: tuple[Ending, int, str] | None = None  # decided; waiting for the pipe to drain
     timer: asyncio.TimerHandle | None = None
 
 
@@ -137,6 +140,7 @@ class _Child:
         self._buffer = b""
         self._run: _Run | None = None
         self._killed = False
+        self._progress: mmap.mmap | None = None
 
     @property
     def pid(self) -> int | None:
@@ -147,15 +151,23 @@ class _Child:
         return not self.dead and not self.exited.done() and self._run is None
 
     async def start(self, argv: Sequence[str]) -> None:
-        await self.loop.subprocess_exec(
-            lambda: _Protocol(self),
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-            env={},
-            start_new_session=True,  # a terminal's ^C goes to the parent, which reaps its children
-        )
+        progress_fd = os.memfd_create("sandbox-progress", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(progress_fd, PROGRESS.size)
+            self._progress = mmap.mmap(progress_fd, PROGRESS.size)
+            await self.loop.subprocess_exec(
+                lambda: _Protocol(self),
+                *argv,
+                str(progress_fd),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                env={},
+                pass_fds=(progress_fd,),
+                start_new_session=True,  # a terminal's ^C goes to the parent, which reaps its children
+            )
+        finally:
+            os.close(progress_fd)
         async with asyncio.timeout(_SPAWN_TIMEOUT):
             await self.ready
 
@@ -171,7 +183,6 @@ class _Child:
         hard_at: float,
     ) -> asyncio.Future[_Run]:
         """Send one request; the future resolves (never fails) when the child answers or is killed."""
-        now = self.loop.time()
         run = _Run(
             seq=seq,
             next_index=start,
@@ -179,62 +190,104 @@ class _Child:
             rule_timeout=rule_timeout,
             budget_left=budget_left,
             hard_at=hard_at,
-            rule_started=now,
             future=self.loop.create_future(),
         )
         self._run = run
         if self.dead or self.transport is None:
-            self._finish(run, "died", "sandbox child gone before the request")
+            self._finish(run, "gone", detail="sandbox child gone before the request")
             return run.future
         stdin = self.transport.get_pipe_transport(0)
         assert isinstance(stdin, asyncio.WriteTransport)
         stdin.write(request)
-        self._arm(run)
+        self._arm(run, min(self.loop.time() + rule_timeout, hard_at))
         return run.future
 
-    def _arm(self, run: _Run) -> None:
-        # Until the child acknowledges (it is compiling the rule list) only the hard deadline applies.
-        rule_at = run.rule_started + run.rule_timeout if run.acked else run.hard_at
-        when = min(rule_at, run.budget_at, run.hard_at)
+    def _read_progress(self, run: _Run) -> tuple[int, float, float] | None:
+        """The running rule's index, its start and the first rule's start; None while compiling."""
+        if self._progress is None:
+            return None
+        first = PROGRESS.unpack_from(self._progress)
+        if PROGRESS.unpack_from(self._progress) != first:  # caught mid-write: the child is not stuck here
+            return None
+        seq, index, rule_ns, began_ns = first
+        if seq != run.seq or index == COMPILING:
+            return None
+        now = self.loop.time()
+        # The child's word is only trusted within bounds: the budget and hard deadline are the parent's.
+        began_at = min(max(began_ns / 1e9, now - run.budget_left), now)
+        rule_at = min(max(rule_ns / 1e9, began_at), now)
+        return max(run.next_index, min(index, run.end)), rule_at, began_at
+
+    def _arm(self, run: _Run, when: float) -> None:
         run.timer = self.loop.call_at(when, self._on_timer, run)
 
     def _on_timer(self, run: _Run) -> None:
-        if run.future.done():
+        if run.future.done() or run.killing is not None:
             return
         now = self.loop.time()
+        progress = self._read_progress(run)
         if now >= run.hard_at:
-            self._finish(run, "hard_deadline", "hard deadline reached")
-        elif now >= run.budget_at:
-            self._finish(run, "budget", "event budget spent")
-        elif run.acked and now >= run.rule_started + run.rule_timeout:
-            self._finish(run, "timeout", f"rule ran past {run.rule_timeout * 1000:.0f} ms; child killed")
+            self._kill_run(run, "hard_deadline", progress[0] if progress else run.next_index, "hard deadline")
+            return
+        if progress is None:  # still compiling the rule list: only the hard deadline applies
+            self._arm(run, min(now + run.rule_timeout, run.hard_at))
+            return
+        index, rule_at, began_at = progress
+        run.began_at = began_at
+        budget_at = began_at + run.budget_left
+        if now >= budget_at:
+            self._kill_run(run, "budget", index, "event budget spent")
+        elif index < run.end and now >= rule_at + run.rule_timeout:
+            self._kill_run(run, "timeout", index, f"rule ran past {run.rule_timeout * 1000:.0f} ms; child killed")
         else:
-            self._arm(run)
+            rule_deadline = rule_at + run.rule_timeout if index < run.end else now + run.rule_timeout
+            self._arm(run, min(rule_deadline, budget_at, run.hard_at))
 
-    def _finish(self, run: _Run, ending: Ending, detail: str = "") -> None:
+    def _kill_run(self, run: _Run, ending: Ending, index: int, detail: str) -> None:
+        """Kill the child, keep the fault lines it wrote before the kill, and finish the run."""
+        run.killing = (ending, index, detail)
+        self.kill()
+        # Read what is already in the pipe now rather than wait for the kernel to tear the child down.
+        pipe = self.transport.get_pipe_transport(1) if self.transport is not None else None
+        stream = pipe.get_extra_info("pipe") if pipe is not None else None
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                while chunk := os.read(stream.fileno(), 65536):
+                    self.data_received(chunk)
+        self._drained(run)
+
+    def _drained(self, run: _Run) -> None:
+        if run.killing is not None:
+            ending, index, detail = run.killing
+            self._finish(run, ending, index, detail)
+
+    def _finish(self, run: _Run, ending: Ending, stopped_at: int = -1, detail: str = "") -> None:
         if run.future.done():
             return
         if run.timer is not None:
             run.timer.cancel()
         self._run = None
-        run.ending, run.detail = ending, detail
-        run.elapsed = self.loop.time() - run.acked_at if run.acked else 0.0
-        if ending not in ("complete", "match"):
+        run.ending, run.stopped_at, run.detail = ending, stopped_at, detail
+        if run.began_at is None and (progress := self._read_progress(run)) is not None:
+            run.began_at = progress[2]
+        run.elapsed = self.loop.time() - run.began_at if run.began_at is not None else 0.0
+        if ending != "complete":
             self.kill()
         run.future.set_result(run)
 
     def data_received(self, data: bytes) -> None:
-        if self.dead:
+        if self._killed and self._run is None:
             return
         *lines, self._buffer = (self._buffer + data).split(b"\n")
         for line in lines:
             self._line(line)
         if len(self._buffer) > _MAX_LINE:
+            self._buffer = b""
             self._violation("oversized reply line")
 
     def _violation(self, detail: str) -> None:
         if self._run is not None:
-            self._finish(self._run, "violation", detail)
+            self._finish(self._run, "violation", detail=detail)
         else:
             self.kill()
 
@@ -249,35 +302,35 @@ class _Child:
         try:
             reply = parse_reply(line, seq=run.seq, expected_index=run.next_index, rule_count=run.end)
         except ProtocolViolation as exc:
-            self._finish(run, "violation", str(exc))
+            self._finish(run, "violation", detail=str(exc))
             return
         if reply is None:
             return
-        # Progress only moves the running rule's start; the timer re-arms itself lazily when it fires.
-        now = run.rule_started = self.loop.time()
-        if reply.kind == "ack":
-            if run.acked:
-                self._finish(run, "violation", "second acknowledgement")
-                return
-            run.acked, run.acked_at, run.budget_at = True, now, now + run.budget_left
-            if run.timer is not None:
-                run.timer.cancel()
-            self._arm(run)
+        assert reply.rule_index is not None or reply.kind == "end"
+        if run.killing is not None:  # draining after a kill: keep faults of rules that finished before it
+            if reply.kind == "fault" and reply.rule_index is not None and reply.rule_index < run.killing[1]:
+                run.faults.append((reply.rule_index, reply.cause, reply.detail))
+                run.next_index = reply.rule_index + 1
             return
-        if not run.acked:
-            self._finish(run, "violation", "result before acknowledgement")
+        if reply.kind == "fault":
+            assert reply.rule_index is not None
+            run.faults.append((reply.rule_index, reply.cause, reply.detail))
+            run.next_index = reply.rule_index + 1
             return
-        run.outcomes.append((reply.rule_index, reply.outcome, reply.detail))
-        run.next_index += 1
-        if reply.outcome == "match":
-            self._finish(run, "match")
-        elif run.next_index == run.end:
-            self._finish(run, "complete")
+        run.matched = reply.rule_index
+        run.next_index = run.end if reply.rule_index is None else reply.rule_index + 1
+        self._finish(run, "complete")
 
     def eof_received(self) -> None:
         self.dead = True
-        if self._run is not None:
-            self._finish(self._run, "died", "sandbox child exited")
+        run = self._run
+        if run is not None:
+            if run.killing is not None:
+                self._drained(run)
+            elif (progress := self._read_progress(run)) is None:
+                self._finish(run, "died_compiling", run.next_index, "sandbox child died while compiling")
+            else:
+                self._finish(run, "died", progress[0], "sandbox child died")
         if not self.ready.done():
             self.ready.set_exception(RuntimeError("sandbox child exited during start-up"))
 
@@ -304,6 +357,9 @@ class _Child:
                 async with asyncio.timeout(_REAP_TIMEOUT):
                     await self.exited
             self.transport.close()
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
         if self.ready.done() and not self.ready.cancelled():
             self.ready.exception()  # retrieved, so a failed start-up is not reported as never retrieved
 
@@ -375,6 +431,7 @@ class SandboxPool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._seq = 0
         self._closed = False
+        self._recent: OrderedDict[tuple[object, ...], None] = OrderedDict()  # rule lists to pre-compile
 
     async def evaluate(
         self, rules: list[dict[str, Any]], params: dict[str, Any] | None, envelope: dict[str, Any]
@@ -389,6 +446,7 @@ class SandboxPool:
         except (TypeError, ValueError) as exc:
             return _failure(f"event not JSON-encodable: {type(exc).__name__}")
         exprs, rule_ids = _rule_fields(rules)
+        self._remember(exprs)
         try:
             async with asyncio.timeout(self._acquire_timeout):
                 await self._slots.acquire()
@@ -406,15 +464,17 @@ class SandboxPool:
             return await self._evaluate_in_slot(exprs, rule_ids, text)
         finally:
             self._slots.release()
+            self._replenish()
 
     async def _evaluate_in_slot(self, exprs: list[object], rule_ids: list[str | None], text: bytes) -> Evaluation:
         loop = asyncio.get_running_loop()
         hard_at = loop.time() + self._hard_deadline
-        budget_left = self._event_budget  # spent only while a child evaluates, not while one spawns
+        budget_left = self._event_budget  # spent only while rules run, not while a child compiles or spawns
         faults: list[Fault] = []
         count = len(exprs)
         index = 0
         replacements = 0
+        one_at_a_time = False  # after a child dies compiling a list: find the rule that kills the compiler
         while index < count:
             if budget_left <= 0:
                 faults.extend(
@@ -428,54 +488,90 @@ class SandboxPool:
             if child is None:
                 faults.append(_fault(-1, rule_ids, "sandbox_failure", f"no sandbox child; rules {index}.."))
                 break
+            end = index + 1 if one_at_a_time else count
             self._seq += 1
-            header = json.dumps({"seq": self._seq, "start": index, "exprs": exprs[index:]}, separators=(",", ":"))
+            # The whole list (a resumed list reuses the child's compiled program), or the one suspect rule.
+            request = (
+                {"seq": self._seq, "base": index, "start": 0, "exprs": exprs[index:end]}
+                if one_at_a_time
+                else {"seq": self._seq, "base": 0, "start": index, "exprs": exprs}
+            )
+            header = json.dumps(request, separators=(",", ":"))
             try:
                 run = await child.run(
                     header.encode() + b"\t" + text + b"\n",
                     seq=self._seq,
                     start=index,
-                    end=count,
+                    end=end,
                     rule_timeout=self._rule_timeout,
                     budget_left=budget_left,
                     hard_at=hard_at,
                 )
             except BaseException:
-                self._discard(child)  # cancelled mid-request: the child's state is unknown
+                self._discard(child, replace=True)  # cancelled mid-request: the child's state is unknown
                 raise
             budget_left -= run.elapsed
-            for rule_index, outcome, detail in run.outcomes:
-                if outcome == "match":
-                    self._release(child)
-                    return Evaluation(matched_index=rule_index, faults=faults)
-                if outcome != "nomatch":
-                    faults.append(_fault(rule_index, rule_ids, outcome, detail))
-            index = run.next_index
+            faults.extend(_fault(i, rule_ids, cause, detail) for i, cause, detail in run.faults)
             if run.ending == "complete":
                 self._release(child)
-                break
-            self._discard(child)
+                if run.matched is not None:
+                    return Evaluation(matched_index=run.matched, faults=faults)
+                index = end
+                continue
+            # Replaced after this delivery: a child starting now would compete with the spare for CPU.
+            self._discard(child, replace=False)
             replacements += 1
+            stopped = run.stopped_at
             if run.ending == "timeout":
-                faults.append(_fault(index, rule_ids, "timeout", run.detail))
-                index += 1
-            elif run.ending == "died" and run.acked:
+                faults.append(_fault(stopped, rule_ids, "timeout", run.detail))
+                index = stopped + 1
+            elif run.ending == "died" or (run.ending == "died_compiling" and one_at_a_time):
                 # libjq aborts the process when the address-space cap refuses an allocation.
-                faults.append(_fault(index, rule_ids, "error", "sandbox child died (memory limit?)"))
-                index += 1
+                faults.append(_fault(stopped, rule_ids, "error", "sandbox child died (memory limit?)"))
+                index = stopped + 1
+            elif run.ending == "died_compiling":
+                one_at_a_time = True
+                self._recent.pop(tuple(exprs), None)  # never warm a new child with a list that kills it
+            elif run.ending == "gone":
+                continue
             elif run.ending == "budget":
-                faults.extend(_fault(i, rule_ids, "budget_exhausted", run.detail) for i in range(index, count))
+                faults.extend(_fault(i, rule_ids, "budget_exhausted", run.detail) for i in range(stopped, count))
                 break
             else:
                 faults.append(_fault(-1, rule_ids, "sandbox_failure", f"{run.detail}; rules {index}.."))
                 break
         return Evaluation(matched_index=None, faults=faults)
 
+    def _remember(self, exprs: list[object]) -> None:
+        if all(isinstance(expr, str) for expr in exprs):
+            key = tuple(exprs)
+            self._recent[key] = None
+            self._recent.move_to_end(key)
+            if len(self._recent) > _WARM_LISTS:
+                self._recent.popitem(last=False)
+
+    async def _warm(self, child: _Child) -> bool:
+        """Compile the recently used rule lists on a new child, so a spare resumes a list without compiling."""
+        if not self._recent or self._waiters:
+            return True
+        self._seq += 1
+        header = json.dumps({"seq": self._seq, "warm": [list(key) for key in self._recent]}, separators=(",", ":"))
+        loop = asyncio.get_running_loop()
+        run = await child.run(
+            header.encode() + b"\t\n",
+            seq=self._seq,
+            start=0,
+            end=0,
+            rule_timeout=_SPAWN_TIMEOUT,
+            budget_left=_SPAWN_TIMEOUT,
+            hard_at=loop.time() + _SPAWN_TIMEOUT,
+        )
+        return run.ending == "complete"
+
     async def _take(self, hard_at: float) -> _Child | None:
         while self._idle:
             child = self._idle.pop()
             if child.usable:
-                self._replenish()
                 return child
             self._discard(child)
         waiter: asyncio.Future[_Child] = asyncio.get_running_loop().create_future()
@@ -512,11 +608,12 @@ class SandboxPool:
         else:
             self._discard(child)
 
-    def _discard(self, child: _Child) -> None:
+    def _discard(self, child: _Child, *, replace: bool = True) -> None:
         self._live.discard(child)
         child.kill()
         self._background(self._reap(child))
-        self._replenish()
+        if replace:
+            self._replenish()
 
     async def _reap(self, child: _Child) -> None:
         await child.reap()
@@ -543,9 +640,14 @@ class SandboxPool:
                     waiter.set_exception(RuntimeError("sandbox child failed to start"))
                     break
             return
+        warmed = await self._warm(child)
         self._spawning -= 1
-        if self._closed:
+        if self._closed or not warmed:
             await self._reap(child)
+            if not warmed and not self._closed:
+                # A remembered list kills the compiler: forget them all and start one child without warming.
+                self._recent.clear()
+                self._replenish()
             return
         self._live.add(child)
         self._offer(child)

@@ -1,17 +1,21 @@
-"""The jq sandbox child: evaluates one webhook's rule list per request and streams one result per rule.
+"""The jq sandbox child: evaluates one webhook's rule list per request, first match wins.
 
-Run as ``python -I routing/sandbox_child.py <memory_limit> <hard_deadline>`` with an empty environment.
+Run as ``python -I routing/sandbox_child.py <memory_limit> <hard_deadline> <progress_fd>`` with an empty
+environment.
 This module imports nothing but the standard library and ``jq``, so a freshly executed child stays
 small enough for an address-space cap to bound libjq (which aborts the process on allocation failure).
 
-Protocol (one line each way, every child line starts with ``SBX1 ``):
+Protocol: one request line in, reply lines out; every reply line starts with ``SBX1 ``.
 
-* request: ``<header JSON> TAB <input JSON>`` where the header is ``{"seq", "start", "exprs"}`` and the
-  input is ``[params, envelope]``, handed to jq as text so Python never parses the payload;
-* replies: ``[0, "ready"]`` once at start-up, then per request ``[seq, "ack"]`` (once the rule list
-  is compiled) and one
-  ``[seq, "r", rule_index, outcome, detail]`` per evaluated rule; the list ends at the first ``match``
-  or after the last rule. Only indexes, outcomes and short fault details ever leave the child.
+* request: ``<header JSON> TAB <input JSON>`` where the header is ``{"seq", "base", "start", "exprs"}``
+  (rule ``i`` of ``exprs`` is rule ``base + i`` of the webhook; evaluation begins at ``start``) and the
+  input is ``[params, envelope]``, handed to jq as text so Python never parses the payload; or
+  ``{"seq", "warm": [exprs, ...]}`` to compile lists ahead of need;
+* replies: ``[0, "ready"]`` once at start-up; per request one ``[seq, "r", rule_index, cause, detail]``
+  per faulted rule and a final ``[seq, "end", matched_index_or_null]``. Rules without a line did not
+  match. Only indexes, causes and short fault details ever leave the child.
+* progress: before each rule the child writes its index and start time into a shared memory slot
+  (fd in argv), so the parent can time the running rule without a pipe write and wake-up per rule.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 import sys
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any, Final, Literal
@@ -27,6 +33,10 @@ from typing import Any, Final, Literal
 import jq
 
 PREFIX: Final = b"SBX1 "
+# Shared progress slot, written before each rule: request seq, the running rule's index (COMPILING while
+# the rule list compiles), when that rule started and when the first rule started (CLOCK_MONOTONIC ns).
+PROGRESS: Final = struct.Struct("<qqqq")
+COMPILING: Final = -1
 
 Outcome = Literal["match", "nomatch", "error", "compile_error"]
 
@@ -101,7 +111,7 @@ def _scan_code(expr: str, i: int, *, inside_interpolation: bool) -> tuple[int, s
                 return i, f"unbalanced {c!r}"
         elif c == "$":
             m = _IDENT.match(expr, i + 1)
-            if m and m.group() in REFUSED_VARIABLES:
+            if m and (m.group() in REFUSED_VARIABLES or m.group().startswith("__")):
                 return i, f"${m.group()} is not available to rules"
             i = m.end() if m else i + 1
             continue
@@ -151,27 +161,30 @@ def short_detail(message: str) -> str:
 
 
 def _segment(position: int, expr: str) -> str:
-    """One rule inside the combined program: exactly one output, ``[position, outcome, detail?]``.
+    """One rule inside the combined program: one output ``[position, outcome, detail?]``, or none when
+    the request starts after it.
 
     The rule sits alone between its own parentheses on its own lines; refusal() has checked that its
     brackets balance, so it parses as one term exactly as it would on its own and cannot reach its
     neighbours.
     """
     return (
-        f"(try ([first((\n{expr}\n)) | (. != null and . != false)]"
+        f"(if $__sbx_start > {position} then empty else"
+        f" try ([first((\n{expr}\n)) | (. != null and . != false)]"
         f' | if . == [true] then [{position}, "match"] else [{position}, "nomatch"] end)'
-        f' catch [{position}, "error", (if type == "string" then . else tojson end)])'
+        f' catch [{position}, "error", (if type == "string" then . else tojson end)] end)'
     )
 
 
 def _combined(exprs: list[tuple[int, str]]) -> str:
     """One program for a whole rule list, so the envelope is parsed once per event, not once per rule.
 
-    ``$params`` comes from the input (``[params, envelope]``), so the compiled program does not depend on
-    params and is shared by every webhook with the same rules.
+    The input is ``[params, envelope, start]``: ``$params`` is not compiled in, so the program is shared
+    by every webhook with the same rules, and a request can resume the list after a killed rule without
+    compiling anything new.
     """
     body = ",\n".join(_segment(position, expr) for position, expr in exprs)
-    return f".[0] as $params | .[1] | (\n{body}\n)"
+    return f".[0] as $params | .[2] as $__sbx_start | .[1] | (\n{body}\n)"
 
 
 def input_text(params: dict[str, Any] | None, envelope_json: str) -> str:
@@ -241,35 +254,41 @@ class RuleEngine:
             self._rule_errors.popitem(last=False)
         return error
 
-    def evaluate(self, plan: _Plan, exprs: list[object], text: str) -> Iterator[tuple[int, Outcome, str | None]]:
-        """Lazily yield ``(position, outcome, detail)`` per rule, stopping after the first match.
+    def evaluate(
+        self, plan: _Plan, exprs: list[object], text: str, start: int = 0
+    ) -> Iterator[tuple[int, Outcome, str | None]]:
+        """Lazily yield ``(position, outcome, detail)`` per rule from ``start``, stopping after a match.
 
-        Each rule runs only when the next result is pulled, so a caller can time (or be killed during)
-        exactly one rule at a time.
+        ``text`` is the ``[params, envelope]`` input. Each rule runs only when the next result is
+        pulled, so a caller can time (or be killed during) exactly one rule at a time.
         """
-        results = iter(plan.program.input_text(text)) if plan.program is not None else iter(())
-        for position in range(len(exprs)):
-            if position in plan.compile_errors:
-                yield position, "compile_error", plan.compile_errors[position]
-                continue
-            try:
-                result = next(results)
-            except Exception as exc:  # an error try/catch could not hold: this rule's, and the program is spent
-                yield position, "error", short_detail(str(exc))
-                rest = exprs[position + 1 :]
-                for offset, outcome, detail in self.evaluate(self.prepare(rest), rest, text):
-                    yield position + 1 + offset, outcome, detail
-                return
-            if not (isinstance(result, list) and result and result[0] == position):
-                yield position, "error", "unexpected rule output"
-                return
-            if result[1] == "match":
-                yield position, "match", None
-                return
-            if result[1] == "error":
-                yield position, "error", short_detail(str(result[2]))
-            else:
-                yield position, "nomatch", None
+        position = start
+        while position < len(exprs):
+            program_input = text[:-1] + "," + str(position) + "]"
+            results = iter(plan.program.input_text(program_input)) if plan.program is not None else iter(())
+            while position < len(exprs):
+                if position in plan.compile_errors:
+                    yield position, "compile_error", plan.compile_errors[position]
+                    position += 1
+                    continue
+                try:
+                    result = next(results)
+                except Exception as exc:  # an error try/catch could not hold: this rule's; the run is spent
+                    yield position, "error", short_detail(str(exc))
+                    position += 1
+                    break
+                if not (isinstance(result, list) and len(result) >= 2 and result[0] == position):
+                    yield position, "error", "unexpected rule output"
+                    position += 1
+                    break
+                if result[1] == "match":
+                    yield position, "match", None
+                    return
+                if result[1] == "error":
+                    yield position, "error", short_detail(str(result[2]) if len(result) > 2 else "error")
+                else:
+                    yield position, "nomatch", None
+                position += 1
 
 
 def _reply(*fields: object) -> bytes:
@@ -281,11 +300,14 @@ def _write(data: bytes) -> None:
         data = data[os.write(1, data) :]
 
 
-def serve(memory_limit: int, hard_deadline: float) -> None:
+def serve(memory_limit: int, hard_deadline: float, progress_fd: int) -> None:
     """Answer requests on stdin until EOF; libjq runs with the address space capped."""
+    import mmap
     import resource
     import signal
 
+    progress = mmap.mmap(progress_fd, PROGRESS.size)
+    os.close(progress_fd)
     engine = RuleEngine()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an abort must not spend time writing a core
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
@@ -299,17 +321,32 @@ def serve(memory_limit: int, hard_deadline: float) -> None:
             return
         head, _, body = line.partition(b"\t")
         request = json.loads(head)
-        seq, start, exprs = int(request["seq"]), int(request["start"]), list(request["exprs"])
-        text = body.decode()
+        seq = int(request["seq"])
+        if "warm" in request:  # compile rule lists ahead of need, e.g. on a freshly started spare
+            for warm_exprs in request["warm"]:
+                engine.prepare(list(warm_exprs))
+            _write(_reply(seq, "end", None))
+            continue
+        base, start, exprs = int(request["base"]), int(request["start"]), list(request["exprs"])
+        text = body.rstrip(b"\n").decode()
         # A self-watchdog: SIGALRM's default action ends the child even inside libjq, even if the
         # parent is gone and can no longer kill it.
         signal.setitimer(signal.ITIMER_REAL, hard_deadline)
+        PROGRESS.pack_into(progress, 0, seq, COMPILING, 0, 0)
         plan = engine.prepare(exprs)
-        _write(_reply(seq, "ack"))  # compiled: from here on the parent times each rule
-        for position, outcome, detail in engine.evaluate(plan, exprs, text):
-            _write(_reply(seq, "r", start + position, outcome, detail))
+        began = time.monotonic_ns()
+        PROGRESS.pack_into(progress, 0, seq, base + start, began, began)
+        matched: int | None = None
+        for position, outcome, detail in engine.evaluate(plan, exprs, text, start):
+            if outcome == "match":
+                matched = base + position
+                break
+            if outcome != "nomatch":
+                _write(_reply(seq, "r", base + position, outcome, detail))
+            PROGRESS.pack_into(progress, 0, seq, base + position + 1, time.monotonic_ns(), began)
+        _write(_reply(seq, "end", matched))
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), float(sys.argv[2]))
+    serve(int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]))

@@ -9,8 +9,9 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
-from routing.delivery import CommitInput, CommitResult, TodoRef
+from routing.delivery import CommitInput, CommitResult, DeliveryInput, TodoRef
 from routing.envelope import parse_payload
+from routing.models import Decision
 from routing.titles import todo_title
 from store.db import Pool
 from store.ids import new_id
@@ -25,21 +26,29 @@ WHERE endpoint_id = %s AND source = %s AND external_id = %s
 _INSERT_EVENT = """
 INSERT INTO events (id, webhook_id, endpoint_id, source, kind, external_id, trust_mode, verified,
                     verify_detail, content_type, headers, payload, payload_size, source_ip, received_at,
-                    routing_trace, disposition, workflow_id)
+                    routing_trace, disposition, workflow_id, todo_ids)
 VALUES (%(id)s, %(webhook_id)s, %(endpoint_id)s, %(source)s, %(kind)s, %(external_id)s, %(trust_mode)s,
         %(verified)s, %(verify_detail)s, %(content_type)s, %(headers)s, %(payload)s, %(payload_size)s,
-        %(source_ip)s, %(received_at)s, %(routing_trace)s, %(disposition)s, %(workflow_id)s)
+        %(source_ip)s, %(received_at)s, %(routing_trace)s, %(disposition)s, %(workflow_id)s, %(todo_ids)s)
 ON CONFLICT (endpoint_id, source, external_id) DO NOTHING
 RETURNING id
 """
 
-_INSERT_TODO = """
-INSERT INTO todos (id, endpoint_id, queue, source, kind, title, payload, event_id, idempotency_key,
-                   routing_trace, work_order)
-VALUES (%(id)s, %(endpoint_id)s, %(queue)s, %(source)s, %(kind)s, %(title)s, %(payload)s, %(event_id)s,
-        %(idempotency_key)s, %(routing_trace)s, %(work_order)s)
-ON CONFLICT DO NOTHING
-RETURNING id
+# One statement mints every target's todo and rings the doorbell for each new one (delivered at commit).
+_INSERT_TODOS = """
+WITH ins AS (
+    INSERT INTO todos (id, endpoint_id, queue, source, kind, title, payload, event_id, idempotency_key,
+                       routing_trace, work_order)
+    SELECT t.id, t.endpoint_id, t.queue, %(source)s, %(kind)s, %(title)s, %(payload)s, %(event_id)s,
+           %(idempotency_key)s, %(routing_trace)s, %(work_order)s
+    FROM unnest(%(ids)s::text[], %(endpoints)s::text[], %(queues)s::text[]) AS t(id, endpoint_id, queue)
+    ON CONFLICT DO NOTHING
+    RETURNING id, endpoint_id, queue
+)
+SELECT ins.id, pg_notify(%(channel)s, json_build_object(
+    'todo_id', ins.id, 'endpoint_id', ins.endpoint_id, 'queue', ins.queue,
+    'kind', %(kind)s::text, 'source', %(source)s::text, 'title', %(title)s::text)::text) AS rang
+FROM ins
 """
 
 _FIND_LIVE_TODO = """
@@ -68,14 +77,15 @@ class DeliveryStore:
         """Persist the event and its todos once; a redelivery returns what the first delivery made."""
         d, decision = data.delivery, data.decision
         base: dict[str, Any] = {"verified": d.verified, "trust_mode": d.trust_mode}
+        event_id = new_id("ev")
+        trace = dict(decision.trace)
+        disposition = decision.disposition
+        body = d.body()
+        # Todo ids are minted up front so the event row names them from its first write.
+        planned = (
+            [(new_id("td"), t.endpoint_id, t.queue) for t in decision.deliveries] if disposition == "routed" else []
+        )
         async with self.pool.connection() as conn, conn.transaction():
-            existing = await self._existing(conn, d.endpoint_id, d.source, d.external_id)
-            if existing is not None:
-                return CommitResult(**existing, duplicate=True, **base)
-            event_id = new_id("ev")
-            trace = dict(decision.trace)
-            disposition = decision.disposition
-            body = d.body()
             cur = await conn.execute(
                 _INSERT_EVENT,
                 {
@@ -97,10 +107,11 @@ class DeliveryStore:
                     "routing_trace": Jsonb(trace),
                     "disposition": disposition,
                     "workflow_id": data.workflow_id,
+                    "todo_ids": [p[0] for p in planned],
                 },
             )
             if await cur.fetchone() is None:
-                # Lost a race with a concurrent run of the same delivery: report what it wrote.
+                # The dedup slot is spent (an earlier delivery, or a concurrent run): report what it made.
                 again = await self._existing(conn, d.endpoint_id, d.source, d.external_id)
                 assert again is not None
                 return CommitResult(**again, duplicate=True, **base)
@@ -116,62 +127,13 @@ class DeliveryStore:
                 if await cur.fetchone() is None:
                     trace["once"] = "repeat"
                     await conn.execute(
-                        "UPDATE events SET disposition = 'repeat', routing_trace = %s WHERE id = %s",
+                        "UPDATE events SET disposition = 'repeat', routing_trace = %s, todo_ids = '{}' WHERE id = %s",
                         (Jsonb(trace), event_id),
                     )
                     return CommitResult(event_id=event_id, repeat=True, disposition="repeat", rule_id=rule_id, **base)
-            payload = _jsonb_payload(body)
-            title = todo_title(d.source, d.kind, parse_payload(body))
-            refs: list[TodoRef] = []
-            for target in decision.deliveries:
-                todo_id = new_id("td")
-                cur = await conn.execute(
-                    _INSERT_TODO,
-                    {
-                        "id": todo_id,
-                        "endpoint_id": target.endpoint_id,
-                        "queue": target.queue,
-                        "source": d.source,
-                        "kind": d.kind,
-                        "title": title,
-                        "payload": payload,
-                        "event_id": event_id,
-                        "idempotency_key": d.external_id,
-                        "routing_trace": Jsonb(trace),
-                        "work_order": Jsonb(decision.work_order) if decision.work_order else None,
-                    },
-                )
-                if await cur.fetchone() is not None:
-                    refs.append(TodoRef(id=todo_id, endpoint_id=target.endpoint_id, queue=target.queue, created=True))
-                    await conn.execute(
-                        "SELECT pg_notify(%s, %s)",
-                        (
-                            DOORBELL_CHANNEL,
-                            json.dumps(
-                                {
-                                    "todo_id": todo_id,
-                                    "endpoint_id": target.endpoint_id,
-                                    "queue": target.queue,
-                                    "kind": d.kind,
-                                    "source": d.source,
-                                    "title": title,
-                                }
-                            ),
-                        ),
-                    )
-                else:
-                    cur = await conn.execute(_FIND_LIVE_TODO, (target.endpoint_id, d.external_id))
-                    row = await cur.fetchone()
-                    if row is not None:
-                        refs.append(
-                            TodoRef(
-                                id=row["id"],
-                                endpoint_id=target.endpoint_id,
-                                queue=target.queue,
-                                created=False,
-                            )
-                        )
-            await conn.execute("UPDATE events SET todo_ids = %s WHERE id = %s", ([t.id for t in refs], event_id))
+            refs = await self._mint(conn, d, decision, event_id, trace, body, planned)
+            if [r.id for r in refs] != [p[0] for p in planned]:
+                await conn.execute("UPDATE events SET todo_ids = %s WHERE id = %s", ([t.id for t in refs], event_id))
             return CommitResult(
                 event_id=event_id,
                 todos=refs,
@@ -180,6 +142,49 @@ class DeliveryStore:
                 rule_id=rule_id,
                 **base,
             )
+
+    async def _mint(
+        self,
+        conn: AsyncConnection[Any],
+        d: DeliveryInput,
+        decision: Decision,
+        event_id: str,
+        trace: dict[str, Any],
+        body: bytes,
+        planned: list[tuple[str, str, str]],
+    ) -> list[TodoRef]:
+        if not planned:
+            return []
+        title = todo_title(d.source, d.kind, parse_payload(body))
+        cur = await conn.execute(
+            _INSERT_TODOS,
+            {
+                "ids": [p[0] for p in planned],
+                "endpoints": [p[1] for p in planned],
+                "queues": [p[2] for p in planned],
+                "source": d.source,
+                "kind": d.kind,
+                "title": title,
+                "payload": _jsonb_payload(body),
+                "event_id": event_id,
+                "idempotency_key": d.external_id,
+                "routing_trace": Jsonb(trace),
+                "work_order": Jsonb(decision.work_order) if decision.work_order else None,
+                "channel": DOORBELL_CHANNEL,
+            },
+        )
+        created = {r["id"] for r in await cur.fetchall()}
+        refs: list[TodoRef] = []
+        for todo_id, endpoint_id, queue in planned:
+            if todo_id in created:
+                refs.append(TodoRef(id=todo_id, endpoint_id=endpoint_id, queue=queue, created=True))
+                continue
+            # A live todo with this idempotency key already exists on the endpoint: report it, mint nothing.
+            cur = await conn.execute(_FIND_LIVE_TODO, (endpoint_id, d.external_id))
+            row = await cur.fetchone()
+            if row is not None:
+                refs.append(TodoRef(id=row["id"], endpoint_id=endpoint_id, queue=queue, created=False))
+        return refs
 
     async def _existing(
         self, conn: AsyncConnection[Any], endpoint_id: str, source: str, external_id: str

@@ -18,32 +18,35 @@ _WEBHOOK_COLUMNS = (
     " routing_rules, routing_default_action, routing_params, config"
 )
 
-# Live targets in target order: the owner first, then routes by granted_at, then endpoint id. A route
-# counts only while its endpoint is live and, across humans, an approved edge runs owner -> target.
-_TARGETS_SQL = """
-SELECT t.endpoint_id, t.scope_queues FROM (
+# The webhook and its live targets in one round trip. Target order: the owner first, then routes by
+# granted_at, then endpoint id. A route counts only while its endpoint is live and, across humans, while an
+# approved friend edge runs from the owner's human to the target's human.
+_GRANT_SQL = """
+WITH w AS (
+    SELECT w.id, w.endpoint_id, w.source_type, w.target_queue, w.routing_rules, w.routing_default_action,
+           w.routing_params, e.webhook_queues, a.owner_human_id AS human_id
+    FROM endpoint_webhooks w
+    JOIN endpoints e ON e.id = w.endpoint_id
+    JOIN agents a ON a.id = e.agent_id
+    WHERE w.id = %(webhook)s AND w.state = 'live'
+), targets AS (
     SELECT e.id AS endpoint_id, e.scope_queues, 0 AS rank, NULL::timestamptz AS granted_at
-    FROM endpoints e WHERE e.id = %(owner)s AND e.state = 'live'
+    FROM w JOIN endpoints e ON e.id = w.endpoint_id AND e.state = 'live'
     UNION ALL
     SELECT e.id, e.scope_queues, 1, r.granted_at
-    FROM webhook_routes r
+    FROM w
+    JOIN webhook_routes r ON r.webhook_id = w.id AND r.target_endpoint_id <> w.endpoint_id
     JOIN endpoints e ON e.id = r.target_endpoint_id AND e.state = 'live'
     JOIN agents a ON a.id = e.agent_id
-    WHERE r.webhook_id = %(webhook)s AND r.target_endpoint_id <> %(owner)s
-      AND (a.owner_human_id = %(human)s OR EXISTS (
-            SELECT 1 FROM friend_edges f
-            WHERE f.from_human_id = %(human)s AND f.to_human_id = a.owner_human_id AND f.state = 'approved'))
-) t
-ORDER BY t.rank, t.granted_at NULLS FIRST, t.endpoint_id
-"""
-
-_GRANT_SQL = """
-SELECT w.id, w.endpoint_id, w.source_type, w.target_queue, w.routing_rules, w.routing_default_action,
-       w.routing_params, e.webhook_queues, a.owner_human_id AS human_id
-FROM endpoint_webhooks w
-JOIN endpoints e ON e.id = w.endpoint_id
-JOIN agents a ON a.id = e.agent_id
-WHERE w.id = %s AND w.state = 'live'
+    WHERE a.owner_human_id = w.human_id OR EXISTS (
+        SELECT 1 FROM friend_edges f
+        WHERE f.from_human_id = w.human_id AND f.to_human_id = a.owner_human_id AND f.state = 'approved')
+)
+SELECT w.*, coalesce((
+    SELECT json_agg(json_build_object('endpoint_id', t.endpoint_id, 'scope_queues', t.scope_queues)
+                    ORDER BY t.rank, t.granted_at NULLS FIRST, t.endpoint_id)
+    FROM targets t), '[]'::json) AS targets
+FROM w
 """
 
 
@@ -121,14 +124,10 @@ class WebhookStore:
     async def load_grant(self, webhook_id: str) -> Grant:
         """The webhook's configuration and live targets, recomputed for one delivery."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(_GRANT_SQL, (webhook_id,))
+            cur = await conn.execute(_GRANT_SQL, {"webhook": webhook_id})
             row = await cur.fetchone()
-            if row is None:
-                raise NotFound("unknown webhook")
-            cur = await conn.execute(
-                _TARGETS_SQL, {"owner": row["endpoint_id"], "webhook": webhook_id, "human": row["human_id"]}
-            )
-            targets = [Target.model_validate(t) for t in await cur.fetchall()]
+        if row is None:
+            raise NotFound("unknown webhook")
         return Grant(
             webhook_id=row["id"],
             owner_endpoint_id=row["endpoint_id"],
@@ -136,7 +135,7 @@ class WebhookStore:
             source=row["source_type"],
             target_queue=row["target_queue"],
             allowed_queues=list(row["webhook_queues"]),
-            targets=targets,
+            targets=[Target.model_validate(t) for t in row["targets"]],
             rules=list(row["routing_rules"] or []),
             default_action=row["routing_default_action"],
             params=row["routing_params"],

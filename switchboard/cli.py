@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -36,11 +37,11 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
-    import uvicorn
+    from switchboard.dev import serve
 
-    from api.app import create_app
-
-    uvicorn.run(create_app(settings), host=settings.http_host, port=settings.http_port, log_level="warning")
+    settings.ensure_generated_secrets()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(settings, with_worker=settings.api_worker))
     return 0
 
 

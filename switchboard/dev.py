@@ -15,22 +15,39 @@ from switchboard.settings import Settings
 log = logging.getLogger("switchboard.dev")
 
 
-async def serve(settings: Settings) -> None:
-    """Run worker and API together until the API is told to stop (Ctrl-C)."""
+async def serve(settings: Settings, *, with_worker: bool = True) -> None:
+    """Run the API until told to stop (Ctrl-C); with_worker also hosts a worker on the same client, so
+    deliveries start eagerly: the first workflow task runs here without a round trip through the matching
+    service."""
     from api.app import create_app
-    from worker import run_worker
+    from store.db import open_pool
+    from switchboard.temporal import connect, ensure_schedules
+    from worker import build_worker, make_sandbox
 
-    stop = asyncio.Event()
-    worker = asyncio.create_task(run_worker(settings, stop))
+    if not with_worker:
+        server = uvicorn.Server(
+            uvicorn.Config(create_app(settings), host=settings.http_host, port=settings.http_port, log_level="warning")
+        )
+        await server.serve()
+        return
+    assert settings.database_url
+    client = await connect(settings)
+    await ensure_schedules(client, settings.task_queue)
+    pool = await open_pool(settings.database_url, max_size=settings.db_pool_max)
+    sandbox = make_sandbox()
+    worker = build_worker(client, pool, settings, sandbox=sandbox)
     server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host=settings.http_host, port=settings.http_port, log_level="warning")
+        uvicorn.Config(
+            create_app(settings, temporal=client), host=settings.http_host, port=settings.http_port, log_level="warning"
+        )
     )
     try:
-        await server.serve()
+        async with worker:
+            await server.serve()
     finally:
-        stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await worker
+        if sandbox is not None:
+            await sandbox.close()
+        await pool.close()
 
 
 def run_dev(settings: Settings) -> int:

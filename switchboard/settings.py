@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     webhook_admin_rate_per_second: float = 1.0
     webhook_admin_rate_burst: int = 5
     db_pool_max: int = 10
+    api_worker: bool = True
+    eager_start: bool = True
     log_level: str = "INFO"
 
     def base_url(self) -> str:

@@ -54,17 +54,18 @@ class RouteDelivery:
             workflow.upsert_search_attributes([search.DECISION.value_set("no_targets")])
             return CommitResult(status="no_targets", verified=delivery.verified, trust_mode=delivery.trust_mode)
 
-        envelope = build_envelope(
-            source=delivery.source,
-            webhook_id=delivery.webhook_id,
-            trust_mode=delivery.trust_mode,
-            verified=delivery.verified,
-            content_type=delivery.content_type,
-            headers=delivery.headers,
-            body=delivery.body(),
-        )
         evaluation = Evaluation()
+        envelope = None
         if grant.rules:
+            envelope = build_envelope(
+                source=delivery.source,
+                webhook_id=delivery.webhook_id,
+                trust_mode=delivery.trust_mode,
+                verified=delivery.verified,
+                content_type=delivery.content_type,
+                headers=delivery.headers,
+                body=delivery.body(),
+            )
             evaluation = await workflow.execute_activity_method(
                 RouteActivities.evaluate_rules,
                 EvaluateInput(rules=grant.rules, params=grant.params, envelope=envelope),

@@ -1,0 +1,157 @@
+"""Ingest throughput and latency through the whole stack vs the bare-Temporal floor, in one run.
+
+The stack: signed GitHub deliveries over HTTP → API (token lookup, HMAC) → RouteDelivery (load grant,
+commit: two local activities) → 202 with the todo. The floor: a workflow with the same two no-op local
+activities, started and awaited from a client, with its worker in its own process, on the same dev server.
+
+    python bench/ingest.py [--deliveries 400] [--concurrency 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import hmac
+import json
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._stack import dev_stack, percentile
+
+
+async def drive(n: int, concurrency: int, one: object) -> tuple[float, list[float]]:
+    latencies: list[float] = []
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(n):
+        queue.put_nowait(i)
+
+    async def runner() -> None:
+        while True:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            started = time.perf_counter()
+            await one(i)  # type: ignore[operator]
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(runner() for _ in range(concurrency)))
+    return time.perf_counter() - began, latencies
+
+
+def row(name: str, elapsed: float, lat: list[float]) -> tuple[str, float, float, float]:
+    return name, len(lat) / elapsed, percentile(lat, 0.5), percentile(lat, 0.99)
+
+
+async def run_all(stack_base: str, credential: str, address: str, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Alternate floor and switchboard rounds so drift in the shared server (SQLite growth, checkpoints)
+    hits both alike."""
+    from temporalio.client import Client
+    from temporalio.worker import Worker
+
+    from bench._floor_worker import Floor, noop_a, noop_b
+
+    results: dict[str, list[float]] = {"floor": [], "switchboard": []}
+    elapsed = {"floor": 0.0, "switchboard": 0.0}
+    task_queue = f"floor-{uuid.uuid4().hex[:8]}"
+    client = await Client.connect(address)
+    payload = "x" * 2000
+    async with (
+        Worker(
+            client,
+            task_queue=task_queue,
+            workflows=[Floor],
+            activities=[noop_a, noop_b],
+            max_concurrent_local_activities=50,
+        ),
+        httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=args.concurrency * 2)) as http,
+    ):
+
+        async def floor_one(i: int) -> None:
+            await client.execute_workflow(
+                Floor.run,
+                payload,
+                id=f"floor-{task_queue}-{uuid.uuid4().hex}",
+                task_queue=task_queue,
+                execution_timeout=timedelta(seconds=60),
+                request_eager_start=True,
+            )
+
+        webhook = (
+            await http.post(
+                f"{stack_base}/v1/create_webhook",
+                json={"source_type": "github", "target_queue": "work"},
+                headers={"Authorization": f"Bearer {credential}"},
+            )
+        ).json()
+        url = webhook["ingest_url"].replace("localhost", "127.0.0.1")
+        secret = webhook["secret"].encode()
+
+        async def ours_one(i: int) -> None:
+            body = json.dumps(
+                {
+                    "action": "opened",
+                    "issue": {"number": i, "title": f"issue {i}", "body": "x" * 2000},
+                    "repository": {"full_name": "acme/app"},
+                    "sender": {"login": "joe"},
+                }
+            ).encode()
+            sig = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+            resp = await http.post(
+                url,
+                content=body,
+                headers={
+                    "X-Hub-Signature-256": sig,
+                    "X-GitHub-Event": "issues",
+                    "X-GitHub-Delivery": uuid.uuid4().hex,
+                    "Content-Type": "application/json",
+                },
+            )
+            assert resp.status_code == 202 and resp.json().get("created") == 1, resp.text
+
+        await drive(args.warmup, args.concurrency, floor_one)
+        await drive(args.warmup, args.concurrency, ours_one)
+        per_round = max(1, args.deliveries // args.rounds)
+        for _ in range(args.rounds):
+            for name, fn in (("floor", floor_one), ("switchboard", ours_one)):
+                took, lat = await drive(per_round, args.concurrency, fn)
+                elapsed[name] += took
+                results[name].extend(lat)
+    results["_elapsed"] = [elapsed["floor"], elapsed["switchboard"]]
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--deliveries", type=int, default=600, help="per path, split over the rounds")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=50)
+    args = parser.parse_args()
+    with dev_stack() as stack:
+        endpoint = stack.vend(["work"], ["create_webhook", "claim_next"])
+        res = asyncio.run(run_all(stack.base, str(endpoint["credential"]), stack.temporal_address, args))
+    floor = row("floor (bare workflow, 2 no-op local activities)", res["_elapsed"][0], res["floor"])
+    ours = row("switchboard ingest (HTTP → RouteDelivery → 202)", res["_elapsed"][1], res["switchboard"])
+    print(
+        f"\ningest benchmark: {len(res['floor'])} deliveries per path in {args.rounds} alternating rounds, "
+        f"concurrency {args.concurrency}, dev server (SQLite file), eager start in both\n"
+    )
+    print(f"{'path':<52} {'deliveries/s':>12} {'p50 ms':>8} {'p99 ms':>8}")
+    for name, rate, p50, p99 in (floor, ours):
+        print(f"{name:<52} {rate:>12.1f} {p50:>8.1f} {p99:>8.1f}")
+    print(f"\nthroughput ratio (switchboard / floor): {ours[1] / floor[1]:.2f}   (target >= 0.80)")
+    print(f"p50 difference: {ours[2] - floor[2]:+.1f} ms   (target <= +10 ms)")
+
+
+if __name__ == "__main__":
+    main()
