@@ -1,0 +1,3 @@
+"""Agent verbs of the schedules family (registered on import by api.verbs)."""
+
+from __future__ import annotations
