@@ -96,6 +96,7 @@ class _Run:
     rule_timeout: float
     budget_left: float
     hard_at: float
+    sent_at: float
     future: asyncio.Future[_Run]
     faults: list[tuple[int, str, str | None]] = field(default_factory=list)
     matched: int | None = None
@@ -190,6 +191,7 @@ class _Child:
             rule_timeout=rule_timeout,
             budget_left=budget_left,
             hard_at=hard_at,
+            sent_at=self.loop.time(),
             future=self.loop.create_future(),
         )
         self._run = run
@@ -214,12 +216,13 @@ class _Child:
             return None
         now = self.loop.time()
         # The child's word is only trusted within bounds: the budget and hard deadline are the parent's.
-        began_at = min(max(began_ns / 1e9, now - run.budget_left), now)
+        began_at = min(max(began_ns / 1e9, run.sent_at), now)
         rule_at = min(max(rule_ns / 1e9, began_at), now)
         return max(run.next_index, min(index, run.end)), rule_at, began_at
 
     def _arm(self, run: _Run, when: float) -> None:
-        run.timer = self.loop.call_at(when, self._on_timer, run)
+        # Never re-arm in the past: a timer that cannot decide yet must not spin the loop.
+        run.timer = self.loop.call_at(max(when, self.loop.time() + 0.0005), self._on_timer, run)
 
     def _on_timer(self, run: _Run) -> None:
         if run.future.done() or run.killing is not None:
