@@ -223,9 +223,7 @@ def _verify_cairn(secret: bytes, headers: Mapping[str, str], body: bytes, now: f
     return _ok()
 
 
-def _verify_generic_hmac(
-    secret: bytes, config: GenericHmac, headers: Mapping[str, str], body: bytes
-) -> Verification:
+def _verify_generic_hmac(secret: bytes, config: GenericHmac, headers: Mapping[str, str], body: bytes) -> Verification:
     value = _header(headers, config.header.lower())
     if value is None:
         return _fail("missing_signature")
