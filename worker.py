@@ -13,20 +13,24 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.route import RouteActivities
+from activities.schedules import ScheduleActivities
 from activities.upkeep import UpkeepActivities
 from store.crypto import SecretBox
 from store.db import Pool, open_pool
 from store.deliveries import DeliveryStore
+from store.events import EventStore
+from store.schedules import ScheduleStore
 from store.todos import TodoStore
 from store.webhooks import WebhookStore
 from switchboard.settings import Settings
 from switchboard.temporal import connect, ensure_schedules
 from workflows.route_delivery import RouteDelivery
-from workflows.upkeep import ReapTodos
+from workflows.schedules import FireSchedule
+from workflows.upkeep import PruneRetention, ReapTodos
 
 log = logging.getLogger("switchboard.worker")
 
-WORKFLOWS: list[type] = [RouteDelivery, ReapTodos]
+WORKFLOWS: list[type] = [RouteDelivery, ReapTodos, PruneRetention, FireSchedule]
 
 
 def make_sandbox() -> Any:
@@ -51,17 +55,28 @@ def build_worker(
     assert settings.secret_key
     box = SecretBox(settings.secret_key)
     route = RouteActivities(WebhookStore(pool, box), DeliveryStore(pool), sandbox, commit_delay=commit_delay)
-    upkeep = UpkeepActivities(TodoStore(pool))
+    upkeep = UpkeepActivities(TodoStore(pool), EventStore(pool))
+    schedules = ScheduleActivities(ScheduleStore(pool))
     return Worker(
         client,
         task_queue=task_queue or settings.task_queue,
         workflows=WORKFLOWS,
-        activities=[route.load_grant, route.evaluate_rules, route.commit_delivery, upkeep.reap_todos],
+        activities=[
+            route.load_grant,
+            route.evaluate_rules,
+            route.commit_delivery,
+            upkeep.reap_todos,
+            upkeep.prune_retention,
+            schedules.prepare_fire,
+            schedules.record_fire,
+        ],
         max_concurrent_activities=50,
         max_concurrent_local_activities=50,
         # Workflows stay sandboxed (determinism guard) but every import passes through: only the workflow
         # module itself is re-executed per run, which halves the sandbox's cost per delivery.
-        workflow_runner=SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_all_modules()),
+        workflow_runner=SandboxedWorkflowRunner(
+            restrictions=SandboxRestrictions.default.with_passthrough_all_modules()
+        ),
     )
 
 

@@ -5,17 +5,25 @@ from __future__ import annotations
 from temporalio import activity
 
 from activities.models import UpkeepInput, UpkeepResult
+from store.events import EventStore
 from store.todos import TodoStore
 
 
 class UpkeepActivities:
     """Constructed once in the worker."""
 
-    def __init__(self, todos: TodoStore) -> None:
+    def __init__(self, todos: TodoStore, events: EventStore) -> None:
         self.todos = todos
+        self.events = events
 
     @activity.defn(name="reap_todos")
     async def reap_todos(self, data: UpkeepInput) -> UpkeepResult:
         """Expired leases back to pending or dead letter; due retries back to pending."""
         counts = await self.todos.reap()
+        return UpkeepResult(**counts)
+
+    @activity.defn(name="prune_retention")
+    async def prune_retention(self, data: UpkeepInput) -> UpkeepResult:
+        """Events and terminal todos older than the retention window; live work and once-claims stay."""
+        counts = await self.events.prune(data.retention_days)
         return UpkeepResult(**counts)

@@ -10,10 +10,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from temporalio.client import Client
 
-from api import admin, ingest
+from api import admin, ingest, stream
 from api.agent import agent_router
 from api.deps import Services, services
+from api.doorbell import run_doorbell
 from api.errors import install_error_handlers
+from api.mcp import McpSurface
 from api.middleware import AgentAuthMiddleware, BodyLimitMiddleware, RequestLogMiddleware
 from store.db import open_pool
 from switchboard.settings import Settings
@@ -32,6 +34,8 @@ DESCRIPTION = """Switchboard turns webhook deliveries into durable, explainable 
 def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI:
     """Build the app; the lifespan opens the pool and (unless one is given) the Temporal client."""
 
+    mcp = McpSurface(body_max=settings.agent_body_max)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         assert settings.database_url, "SWITCHBOARD_DATABASE_URL is not set"
@@ -43,8 +47,13 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
             client = await connect(settings, lazy=True)
         app.state.services = Services.build(settings, pool, client)
         try:
-            yield
+            async with run_doorbell(settings.database_url, app.state.services.doorbell), mcp.running():
+                yield
         finally:
+            # The rule verbs' sandbox pool (api/verbs/rules.py) is started lazily; its children die with us.
+            sandbox = app.state.services.extras.pop("sandbox", None)
+            if sandbox is not None:
+                await sandbox.close()
             await pool.close()
 
     app = FastAPI(
@@ -56,6 +65,8 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
     install_error_handlers(app)
     app.include_router(ingest.router)
     app.include_router(agent_router())
+    app.include_router(stream.router)
+    mcp.install(app)
     app.include_router(admin.router)
 
     @app.get("/healthz", summary="Ready when PostgreSQL and Temporal answer.", tags=["health"])

@@ -8,10 +8,12 @@ from typing import Any
 from fastapi import Request
 from temporalio.client import Client
 
+from api.doorbell import DoorbellHub
 from api.ratelimit import TokenBuckets
 from store.crypto import SecretBox
 from store.db import Pool
 from store.identity import IdentityStore
+from store.rules import RuleStore
 from store.todos import TodoStore
 from store.webhooks import WebhookStore
 from switchboard.settings import Settings
@@ -27,23 +29,27 @@ class Services:
     identities: IdentityStore
     webhooks: WebhookStore
     todos: TodoStore
+    rules: RuleStore
     ingest_limits: TokenBuckets
     agent_limits: TokenBuckets
     webhook_admin_limits: TokenBuckets
     extras: dict[str, Any] = field(default_factory=dict)
+    doorbell: DoorbellHub = field(default_factory=DoorbellHub)
 
     @classmethod
     def build(cls, settings: Settings, pool: Pool, temporal: Client | None) -> Services:
         """Wire stores over one pool."""
         assert settings.secret_key
         box = SecretBox(settings.secret_key)
+        webhooks = WebhookStore(pool, box)
         return cls(
             settings=settings,
             pool=pool,
             temporal=temporal,
             identities=IdentityStore(pool),
-            webhooks=WebhookStore(pool, box),
+            webhooks=webhooks,
             todos=TodoStore(pool),
+            rules=RuleStore(pool, webhooks),
             ingest_limits=TokenBuckets(settings.ingest_rate_per_second, settings.ingest_rate_burst),
             agent_limits=TokenBuckets(settings.agent_rate_per_second, settings.agent_rate_burst),
             webhook_admin_limits=TokenBuckets(

@@ -22,6 +22,7 @@ from temporalio.common import (
 
 from api.deps import services
 from api.ratelimit import retry_after
+from routing.collectors import collector_config, derive_generic_kind
 from routing.delivery import CommitResult, DeliveryInput
 from routing.envelope import derive_kind, parse_payload
 from routing.headers import lower_headers, sanitize_headers
@@ -78,13 +79,17 @@ async def ingest(ingest_token: str, request: Request) -> JSONResponse:
 
     raw_headers = list(request.headers.items())
     headers = lower_headers(raw_headers)
+    collector = collector_config(webhook.config) if webhook.source_type == "generic" else None
+    generic_hmac = collector.hmac.scheme() if collector is not None and collector.hmac is not None else None
+    secret = webhook.collector_secret if generic_hmac is not None else webhook.secret
     try:
         verification = verify(
             webhook.source_type,
-            webhook.secret.encode() if webhook.secret else None,
+            secret.encode() if secret else None,
             headers,
             body,
             time.time(),
+            generic_hmac=generic_hmac,
         )
     except MissingSecret:
         return _error(503, "webhook is not ready to verify deliveries")
@@ -92,8 +97,15 @@ async def ingest(ingest_token: str, request: Request) -> JSONResponse:
         log.warning("delivery rejected", extra={"webhook_id": webhook.id, "detail": verification.detail})
         return _error(401, "signature verification failed")
 
+    payload = parse_payload(body)
+    if webhook.source_type == "slack" and _is_url_verification(payload):
+        # Slack's endpoint handshake (signed like any delivery): answer the challenge, mint nothing.
+        return JSONResponse({"challenge": payload["challenge"]}, status_code=200)
+
     external_id = f"{webhook.id}:{delivery_id(webhook.source_type, headers, body)}"
-    kind = derive_kind(webhook.source_type, headers, parse_payload(body))
+    kind = derive_kind(webhook.source_type, headers, payload)
+    if collector is not None:
+        kind = derive_generic_kind(collector, headers, payload, forge_kind=kind)
     delivery = DeliveryInput(
         webhook_id=webhook.id,
         endpoint_id=webhook.endpoint_id,
@@ -110,6 +122,14 @@ async def ingest(ingest_token: str, request: Request) -> JSONResponse:
         received_at=datetime.now(UTC).isoformat(),
     )
     return await start_and_wait(request, delivery)
+
+
+def _is_url_verification(payload: Any) -> bool:
+    return (
+        isinstance(payload, dict)
+        and payload.get("type") == "url_verification"
+        and isinstance(payload.get("challenge"), str)
+    )
 
 
 async def start_and_wait(request: Request, delivery: DeliveryInput) -> JSONResponse:

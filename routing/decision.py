@@ -10,13 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from routing.collectors import path_subject
 from routing.envelope import once_key, subject_key
 from routing.models import TRUST_BY_SOURCE, Decision, Delivery, Evaluation, Grant
 from routing.workorder import build_work_order
 
 # Kept here rather than imported from routing.rules, which loads the jq extension: a Temporal workflow
 # imports this module inside its sandbox and must not need jq.
-QUEUE_FLAGS = ("exclusive", "once", "work_order")
+QUEUE_FLAGS = ("exclusive", "once", "work_order", "coalesce")
 
 CAUSE_NO_MATCH = "no_match_default"
 CAUSE_RULE_NOT_GRANTED = "rule_not_granted"
@@ -168,6 +169,12 @@ def decide(grant: Grant, evaluation: Evaluation, envelope: dict[str, Any] | None
         key = once_key(subject_key(envelope), queue)
         if key is not None:
             trace["once_key"] = key
+    coalesce_subject: str | None = None
+    if action.get("coalesce") is True:
+        # Issue and cairn keys first; other sources key on the webhook's configured subject_path.
+        coalesce_subject = subject_key(envelope) or path_subject(envelope, grant.subject_path, grant.webhook_id)
+        if coalesce_subject is not None:
+            trace["subject_key"] = coalesce_subject
     work_order: dict[str, Any] | None = None
     if action.get("work_order") is True:
         work_order = _work_order(
@@ -185,4 +192,6 @@ def decide(grant: Grant, evaluation: Evaluation, envelope: dict[str, Any] | None
         trace=trace,
         once_key=key,
         work_order=work_order,
+        coalesce=coalesce_subject is not None,
+        subject_key=coalesce_subject,
     )

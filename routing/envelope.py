@@ -197,15 +197,20 @@ def build_envelope(
     content_type: str | None,
     headers: Mapping[str, str],
     body: bytes,
+    kind: str | None = None,
 ) -> dict[str, Any]:
-    """Build the routing envelope; switchboard-derived fields on top, producer content below."""
+    """Build the routing envelope; switchboard-derived fields on top, producer content below.
+
+    kind, when given, is the receiver's own derivation (a generic collector's configured kind rule or a
+    CloudEvents type); otherwise .kind is derived here from the source's headers or signed body.
+    """
     lowered = {str(name).lower(): str(value) for name, value in headers.items()}
     payload = parse_payload(body)
     # Every top-level key is assigned from switchboard state or a switchboard projection; nothing from
     # the payload is ever merged into this dict, so a producer cannot forge .verified or .source.
     return {
         "source": source,
-        "kind": derive_kind(source, lowered, payload),
+        "kind": kind if kind is not None else derive_kind(source, lowered, payload),
         "webhook_id": webhook_id,
         "trust_mode": trust_mode,
         "verified": verified is True,

@@ -38,6 +38,7 @@ class Grant(BaseModel):
     rules: list[dict[str, Any]] = Field(default_factory=list)
     default_action: dict[str, Any] | None = None
     params: dict[str, Any] | None = None
+    subject_path: str | None = None  # the webhook's coalescing subject path (configure_webhook)
 
     def queues(self) -> list[str]:
         """Queues a rule may name: the target queue plus the owner's allowed webhook queues."""
@@ -77,3 +78,5 @@ class Decision(BaseModel):
     trace: dict[str, Any]
     once_key: str | None = None
     work_order: dict[str, Any] | None = None
+    coalesce: bool = False
+    subject_key: str | None = None

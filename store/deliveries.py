@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import datetime
 from typing import Any
@@ -38,9 +39,9 @@ RETURNING id
 _INSERT_TODOS = """
 WITH ins AS (
     INSERT INTO todos (id, endpoint_id, queue, source, kind, title, payload, event_id, idempotency_key,
-                       routing_trace, work_order)
+                       routing_trace, work_order, subject_key)
     SELECT t.id, t.endpoint_id, t.queue, %(source)s, %(kind)s, %(title)s, %(payload)s, %(event_id)s,
-           %(idempotency_key)s, %(routing_trace)s, %(work_order)s
+           %(idempotency_key)s, %(routing_trace)s, %(work_order)s, %(subject_key)s
     FROM unnest(%(ids)s::text[], %(endpoints)s::text[], %(queues)s::text[]) AS t(id, endpoint_id, queue)
     ON CONFLICT DO NOTHING
     RETURNING id, endpoint_id, queue
@@ -51,10 +52,30 @@ SELECT ins.id, pg_notify(%(channel)s, json_build_object(
 FROM ins
 """
 
+# Coalescing: one transaction-scoped lock per (endpoint, queue, subject) serializes concurrent deliveries about
+# the same entity, so two of them cannot both find no open todo and both mint; the row lock then holds the
+# open todo against a concurrent complete until this delivery has attached to it.
+_LOCK_SUBJECT = "SELECT pg_advisory_xact_lock(%s)"
+_FIND_OPEN_SUBJECT = """
+SELECT id FROM todos
+WHERE endpoint_id = %s AND queue = %s AND subject_key = %s AND state IN ('pending', 'claimed')
+ORDER BY seq LIMIT 1
+FOR UPDATE
+"""
+_ATTACH_UPDATE = """
+UPDATE todos SET update_event_ids = array_append(update_event_ids, %s), updated_at = now() WHERE id = %s
+"""
+
 _FIND_LIVE_TODO = """
 SELECT id FROM todos WHERE endpoint_id = %s AND idempotency_key = %s
   AND state NOT IN ('done', 'canceled') AND NOT (state = 'failed' AND next_retry_at IS NULL)
 """
+
+
+def _subject_lock(endpoint_id: str, queue: str, subject: str) -> int:
+    """The advisory lock id of one (endpoint, queue, subject); a collision only serializes more."""
+    digest = hashlib.sha256("\0".join(("coalesce", endpoint_id, queue, subject)).encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 def _jsonb_payload(body: bytes) -> Jsonb | None:
@@ -131,8 +152,25 @@ class DeliveryStore:
                         (Jsonb(trace), event_id),
                     )
                     return CommitResult(event_id=event_id, repeat=True, disposition="repeat", rule_id=rule_id, **base)
-            refs = await self._mint(conn, d, decision, event_id, trace, body, planned)
-            if [r.id for r in refs] != [p[0] for p in planned]:
+            coalesced: dict[str, TodoRef] = {}
+            if decision.coalesce and decision.subject_key:
+                coalesced = await self._coalesce(conn, decision.subject_key, event_id, planned)
+                if coalesced:
+                    attached = [coalesced[p[1]].id for p in planned if p[1] in coalesced]
+                    trace["coalesced"] = {
+                        "todo_id": attached[0],
+                        **({"todo_ids": attached} if len(attached) > 1 else {}),
+                    }
+            to_mint = [p for p in planned if p[1] not in coalesced]
+            minted = {r.endpoint_id: r for r in await self._mint(conn, d, decision, event_id, trace, body, to_mint)}
+            # Target order, whichever way each target's todo came about.
+            refs = [r for p in planned if (r := coalesced.get(p[1]) or minted.get(p[1])) is not None]
+            if coalesced:
+                await conn.execute(
+                    "UPDATE events SET todo_ids = %s, routing_trace = %s WHERE id = %s",
+                    ([t.id for t in refs], Jsonb(trace), event_id),
+                )
+            elif [r.id for r in refs] != [p[0] for p in planned]:
                 await conn.execute("UPDATE events SET todo_ids = %s WHERE id = %s", ([t.id for t in refs], event_id))
             return CommitResult(
                 event_id=event_id,
@@ -170,6 +208,7 @@ class DeliveryStore:
                 "idempotency_key": d.external_id,
                 "routing_trace": Jsonb(trace),
                 "work_order": Jsonb(decision.work_order) if decision.work_order else None,
+                "subject_key": decision.subject_key if decision.coalesce else None,
                 "channel": DOORBELL_CHANNEL,
             },
         )
@@ -185,6 +224,26 @@ class DeliveryStore:
             if row is not None:
                 refs.append(TodoRef(id=row["id"], endpoint_id=endpoint_id, queue=queue, created=False))
         return refs
+
+    async def _coalesce(
+        self,
+        conn: AsyncConnection[Any],
+        subject: str,
+        event_id: str,
+        planned: list[tuple[str, str, str]],
+    ) -> dict[str, TodoRef]:
+        """Attach the event to each target's open todo for the subject; returns them by endpoint id."""
+        found: dict[str, TodoRef] = {}
+        # Locks are taken in one global order so two multi-target deliveries cannot deadlock.
+        for key, _todo_id, endpoint_id, queue in sorted((_subject_lock(p[1], p[2], subject), *p) for p in planned):
+            await conn.execute(_LOCK_SUBJECT, (key,))
+            cur = await conn.execute(_FIND_OPEN_SUBJECT, (endpoint_id, queue, subject))
+            row = await cur.fetchone()
+            if row is None:
+                continue
+            await conn.execute(_ATTACH_UPDATE, (event_id, row["id"]))
+            found[endpoint_id] = TodoRef(id=row["id"], endpoint_id=endpoint_id, queue=queue, created=False)
+        return found
 
     async def _existing(
         self, conn: AsyncConnection[Any], endpoint_id: str, source: str, external_id: str

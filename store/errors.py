@@ -49,3 +49,15 @@ class ForbiddenSourceType(DomainError):
 class Unauthenticated(DomainError):
     code = "unauthenticated"
     status = 401
+
+
+class RuleRejected(DomainError):
+    """A rule list failed save-time validation; the code is routing's, verbatim (422)."""
+
+    code = "invalid_rule"
+    status = 422
+
+
+class RuleNotFound(DomainError):
+    code = "rule_not_found"
+    status = 404

@@ -47,6 +47,7 @@ class IngestWebhook(BaseModel):
     source_type: str
     trust_mode: str
     secret: str | None
+    collector_secret: str | None = None  # a generic collector's HMAC secret, opened
     config: dict[str, Any] = {}
 
 
@@ -76,3 +77,4 @@ class Todo(BaseModel):
     next_retry_at: datetime | None
     routing: dict[str, Any] | None = None
     work_order: dict[str, Any] | None = None
+    update_event_ids: list[str] = []

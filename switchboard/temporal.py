@@ -23,6 +23,7 @@ from switchboard.settings import Settings
 log = logging.getLogger("switchboard.temporal")
 
 REAPER_SCHEDULE_ID = "switchboard-reaper"
+RETENTION_SCHEDULE_ID = "switchboard-retention"
 
 
 async def connect(settings: Settings, address: str | None = None, *, lazy: bool = False) -> Client:
@@ -35,17 +36,38 @@ async def connect(settings: Settings, address: str | None = None, *, lazy: bool 
     )
 
 
+def schedule_ids(task_queue: str) -> dict[str, str]:
+    """The schedule id of each upkeep workflow for one task queue."""
+    return {
+        "ReapTodos": f"{REAPER_SCHEDULE_ID}-{task_queue}",
+        "PruneRetention": f"{RETENTION_SCHEDULE_ID}-{task_queue}",
+    }
+
+
 async def ensure_schedules(client: Client, task_queue: str) -> None:
     """Create the upkeep schedules once; an existing schedule is left as the operator configured it."""
-    schedule = Schedule(
-        action=ScheduleActionStartWorkflow(
-            "ReapTodos", UpkeepInput(), id=f"{REAPER_SCHEDULE_ID}-run", task_queue=task_queue
+    ids = schedule_ids(task_queue)
+    schedules = {
+        # Lease reaper and due retries.
+        ids["ReapTodos"]: Schedule(
+            action=ScheduleActionStartWorkflow(
+                "ReapTodos", UpkeepInput(), id=f"{ids['ReapTodos']}-run", task_queue=task_queue
+            ),
+            spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(seconds=30))]),
+            policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=timedelta(minutes=1)),
         ),
-        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(seconds=30))]),
-        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=timedelta(minutes=1)),
-    )
-    try:
-        await client.create_schedule(REAPER_SCHEDULE_ID + "-" + task_queue, schedule)
-        log.info("created schedule %s", REAPER_SCHEDULE_ID)
-    except ScheduleAlreadyRunningError:
-        pass
+        # Retention: events and terminal todos past 30 days.
+        ids["PruneRetention"]: Schedule(
+            action=ScheduleActionStartWorkflow(
+                "PruneRetention", UpkeepInput(), id=f"{ids['PruneRetention']}-run", task_queue=task_queue
+            ),
+            spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(hours=1))]),
+            policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=timedelta(hours=1)),
+        ),
+    }
+    for schedule_id, schedule in schedules.items():
+        try:
+            await client.create_schedule(schedule_id, schedule)
+            log.info("created schedule %s", schedule_id)
+        except ScheduleAlreadyRunningError:
+            pass

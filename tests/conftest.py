@@ -121,11 +121,15 @@ class Agent:
 class Stack:
     """App + worker + database for one test."""
 
-    def __init__(self, settings: Settings, http: httpx.AsyncClient, client: Client, database_url: str) -> None:
+    def __init__(
+        self, settings: Settings, http: httpx.AsyncClient, client: Client, database_url: str, app: Any = None
+    ) -> None:
         self.settings = settings
         self.http = http
         self.temporal = client
         self.database_url = database_url
+        self.app = app
+        self.base_url = ""  # set by live_stack: the app served on a real localhost port
 
     async def admin(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
         resp = await self.http.post(
@@ -192,7 +196,7 @@ async def running_stack(
         http = await stack.enter_async_context(
             httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=60)
         )
-        yield Stack(settings, http, client, database_url)
+        yield Stack(settings, http, client, database_url, app)
 
 
 @pytest.fixture
@@ -200,4 +204,41 @@ async def stack(
     tmp_path: Path, database_url: str, temporal_env: WorkflowEnvironment, sandbox: Any
 ) -> AsyncIterator[Stack]:
     async with running_stack(tmp_path, database_url, temporal_env.client, sandbox) as s:
+        yield s
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    """Serve an app whose lifespan already runs with uvicorn on a free localhost port (real sockets, for SSE and
+    MCP clients), inside the test's event loop."""
+    import asyncio
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, lifespan="off", log_level="warning", timeout_graceful_shutdown=3)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                await task
+            await asyncio.sleep(0.01)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+@pytest.fixture
+async def live_stack(
+    tmp_path: Path, database_url: str, temporal_env: WorkflowEnvironment, sandbox: Any
+) -> AsyncIterator[Stack]:
+    """The `stack`, also served on a real localhost port (`stack.base_url`)."""
+    async with running_stack(tmp_path, database_url, temporal_env.client, sandbox) as s, serving(s.app) as base:
+        s.base_url = base
         yield s

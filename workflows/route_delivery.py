@@ -55,17 +55,18 @@ class RouteDelivery:
             return CommitResult(status="no_targets", verified=delivery.verified, trust_mode=delivery.trust_mode)
 
         evaluation = Evaluation()
-        envelope = None
+        # Built even without rules: a default action's once/coalesce/work_order reads the subject from it.
+        envelope = build_envelope(
+            source=delivery.source,
+            webhook_id=delivery.webhook_id,
+            trust_mode=delivery.trust_mode,
+            verified=delivery.verified,
+            content_type=delivery.content_type,
+            headers=delivery.headers,
+            body=delivery.body(),
+            kind=delivery.kind,
+        )
         if grant.rules:
-            envelope = build_envelope(
-                source=delivery.source,
-                webhook_id=delivery.webhook_id,
-                trust_mode=delivery.trust_mode,
-                verified=delivery.verified,
-                content_type=delivery.content_type,
-                headers=delivery.headers,
-                body=delivery.body(),
-            )
             evaluation = await workflow.execute_activity_method(
                 RouteActivities.evaluate_rules,
                 EvaluateInput(rules=grant.rules, params=grant.params, envelope=envelope),

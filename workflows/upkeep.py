@@ -24,3 +24,17 @@ class ReapTodos:
             start_to_close_timeout=timedelta(seconds=60),
             retry_policy=RetryPolicy(maximum_attempts=3),
         )
+
+
+@workflow.defn(name="PruneRetention")
+class PruneRetention:
+    """Delete events and terminal todos past retention; idempotent, so a repeated run deletes nothing new."""
+
+    @workflow.run
+    async def run(self, data: UpkeepInput) -> UpkeepResult:
+        return await workflow.execute_activity_method(
+            UpkeepActivities.prune_retention,
+            data,
+            start_to_close_timeout=timedelta(minutes=10),
+            retry_policy=RetryPolicy(maximum_attempts=3),
+        )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from api.verbs import events, identity, routes, rules, schedules, todos, webhooks  # noqa: F401  (registration)
+from api.verbs import collectors, events, identity, routes, rules, schedules, todos, webhooks  # noqa: F401  (registration)
 from api.verbs.registry import REGISTRY, Verb
 
 __all__ = ["REGISTRY", "Verb"]

@@ -1,3 +1,94 @@
-"""Agent verbs of the events family (registered on import by api.verbs)."""
+"""Event history verbs: what arrived on the caller's human's webhooks and how each delivery was routed."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from api.verbs.registry import Context, VerbInput, verb
+from store.events import EventDetail, EventStore, EventSummary
+
+Disposition = Literal["routed", "dropped", "repeat", "faulted"]
+
+
+class ListEventsInput(VerbInput):
+    webhook_id: str | None = Field(default=None, max_length=1000)
+    kind: str | None = Field(default=None, max_length=256)
+    disposition: Disposition | None = None
+    since: datetime | None = Field(default=None, description="only events received at or after this instant")
+    limit: int = Field(default=50, ge=1, le=200)
+    cursor: str | None = Field(default=None, max_length=1000, description="next_cursor of the previous page")
+
+
+class EventOut(BaseModel):
+    id: str
+    source: str
+    kind: str | None
+    trust_mode: str
+    verified: bool
+    payload_size: int
+    received_at: datetime
+    webhook_id: str
+    disposition: str
+    routing: dict[str, Any] = Field(description="the routing trace: rule, action, faults, once-key")
+    todo_ids: list[str]
+
+
+class ListEventsOutput(BaseModel):
+    events: list[EventOut]
+    next_cursor: str | None = None
+
+
+class GetEventInput(VerbInput):
+    event_id: str = Field(max_length=1000)
+
+
+class EventDetailOut(EventOut):
+    external_id: str
+    content_type: str | None
+    headers: dict[str, Any] = Field(description="as received, lower-cased, credentials redacted")
+    payload: Any = Field(description="decoded JSON when the body parses, else text (or base64)")
+    payload_encoding: Literal["json", "text", "base64"]
+
+
+def _store(ctx: Context) -> EventStore:
+    return EventStore(ctx.services.pool)
+
+
+def _summary(e: EventSummary) -> EventOut:
+    return EventOut.model_validate(e.model_dump())
+
+
+@verb(
+    "list_webhook_events",
+    input=ListEventsInput,
+    output=ListEventsOutput,
+    family="events",
+    summary="Events on your human's webhooks, newest first, with their routing traces; pages by cursor.",
+)
+async def list_webhook_events(ctx: Context, data: ListEventsInput) -> ListEventsOutput:
+    page = await _store(ctx).list(
+        ctx.caller,
+        webhook_id=data.webhook_id,
+        kind=data.kind,
+        disposition=data.disposition,
+        # A naive instant is read as UTC rather than as the database session's zone.
+        since=data.since.replace(tzinfo=UTC) if data.since and data.since.tzinfo is None else data.since,
+        limit=data.limit,
+        cursor=data.cursor,
+    )
+    return ListEventsOutput(events=[_summary(e) for e in page.events], next_cursor=page.next_cursor)
+
+
+@verb(
+    "get_webhook_event",
+    input=GetEventInput,
+    output=EventDetailOut,
+    family="events",
+    summary="One event: summary, sanitized headers, payload and routing trace.",
+)
+async def get_webhook_event(ctx: Context, data: GetEventInput) -> EventDetailOut:
+    found: EventDetail = await _store(ctx).get(ctx.caller, data.event_id)
+    return EventDetailOut.model_validate(found.model_dump())

@@ -39,6 +39,7 @@ class TodoOut(BaseModel):
     routing: dict[str, Any] | None = None
     work_order: dict[str, Any] | None = None
     payload: Any = None
+    update_event_ids: list[str] = Field(default_factory=list, description="events coalesced into this todo")
 
 
 class TodoSummary(BaseModel):

@@ -105,3 +105,59 @@ async def list_webhooks(ctx: Context, data: ListWebhooksInput) -> ListWebhooksOu
             used=len(rows),
         ),
     )
+
+
+class RotateWebhookInput(VerbInput):
+    webhook_id: str = Field(max_length=1000)
+    new_ingest_token: bool = Field(
+        default=False, description="also replace the ingest URL (always replaced for token-trust webhooks)"
+    )
+
+
+class RotateWebhookOutput(BaseModel):
+    webhook_id: str
+    ingest_url: str
+    trust_mode: str
+    secret: str | None = Field(default=None, description="the new secret, shown once, for signed source types")
+
+
+class DeleteWebhookInput(VerbInput):
+    webhook_id: str = Field(max_length=1000)
+
+
+class DeleteWebhookOutput(BaseModel):
+    webhook_id: str
+    deleted: bool = True
+
+
+@verb(
+    "rotate_webhook",
+    input=RotateWebhookInput,
+    output=RotateWebhookOutput,
+    family="webhooks",
+    summary="Mint a new signing secret (shown once; the old one stops verifying at once), optionally a new URL.",
+    rate_class="webhook_admin",
+)
+async def rotate_webhook(ctx: Context, data: RotateWebhookInput) -> RotateWebhookOutput:
+    made: dict[str, Any] = await ctx.services.webhooks.rotate(
+        ctx.caller, data.webhook_id, replace_token=data.new_ingest_token
+    )
+    return RotateWebhookOutput(
+        webhook_id=made["webhook_id"],
+        ingest_url=ingest_url(ctx, made["ingest_token"]),
+        trust_mode=made["trust_mode"],
+        secret=made["secret"],
+    )
+
+
+@verb(
+    "delete_webhook",
+    input=DeleteWebhookInput,
+    output=DeleteWebhookOutput,
+    family="webhooks",
+    summary="Tear a webhook down: its URL answers 404, its routes go, its ceiling slot frees; a repeat is not_found.",
+    rate_class="webhook_admin",
+)
+async def delete_webhook(ctx: Context, data: DeleteWebhookInput) -> DeleteWebhookOutput:
+    await ctx.services.webhooks.delete(ctx.caller, data.webhook_id)
+    return DeleteWebhookOutput(webhook_id=data.webhook_id)

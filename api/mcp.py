@@ -1,0 +1,283 @@
+"""MCP at /mcp (Streamable HTTP, official SDK): the verb registry as tools, the doorbell as channel notifications.
+
+Authentication happens before this app runs: AgentAuthMiddleware resolves the bearer credential of every
+/mcp request (401 otherwise) and puts the Caller into the ASGI scope, so a revoked credential loses its
+session on its next request. Each session is bound to the endpoint that opened it (the SDK refuses a
+session id presented by another endpoint). A tool call runs the same handler as `POST /v1/{verb}`.
+
+Sessions are stateful: when a session opens its standalone GET stream, that stream becomes one of the
+endpoint's doorbell subscribers, and rings reach it as `notifications/claude/channel`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as types
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.connection import Connection
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+from api.deps import Services
+from api.middleware import send_json
+from api.ratelimit import retry_after
+from api.verbs import REGISTRY
+from api.verbs.registry import Context
+from store.errors import DomainError
+from store.models import Caller
+
+log = logging.getLogger("switchboard.mcp")
+
+CHANNEL_CAPABILITY = "claude/channel"
+CHANNEL_METHOD = "notifications/claude/channel"
+INSTRUCTIONS = (
+    "Switchboard turns webhook deliveries into todos. Drain your queues with claim_next (or list_todos + claim), "
+    "then complete or fail each todo you hold; heartbeat long work. New todos ring this session as "
+    f"{CHANNEL_METHOD} notifications: claim the todo they name."
+)
+
+Lifespan = dict[str, Any]
+ToolContext = ServerRequestContext[Lifespan, Any]
+
+
+def _error(code: str, message: str, **extra: Any) -> types.CallToolResult:
+    body = {"error": {"code": code, "message": message, **extra}}
+    return types.CallToolResult(
+        content=[types.TextContent(text=json.dumps(body))], structured_content=body, is_error=True
+    )
+
+
+def _validation_message(exc: ValidationError) -> str:
+    # Field locations and reasons only: never echo submitted values, which may hold secrets.
+    parts = []
+    for err in exc.errors(include_input=False)[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        parts.append(f"{loc or 'arguments'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid arguments"
+
+
+def _tool(name: str) -> types.Tool:
+    verb = REGISTRY[name]
+    return types.Tool(
+        name=name,
+        description=verb.summary,
+        input_schema=verb.input.model_json_schema(),
+        output_schema=verb.output.model_json_schema(mode="serialization"),
+    )
+
+
+class _SwitchboardServer(Server[Lifespan]):
+    """The lowlevel server, advertising the claude/channel capability next to tools."""
+
+    def get_capabilities(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+        *,
+        protocol_version: str | None = None,
+    ) -> types.ServerCapabilities:
+        experimental = {**(experimental_capabilities or {}), CHANNEL_CAPABILITY: {}}
+        return super().get_capabilities(
+            notification_options, experimental, extensions, protocol_version=protocol_version
+        )
+
+
+@dataclass
+class _Session:
+    endpoint_id: str
+    connection: Connection
+
+
+def _caller(ctx: ToolContext) -> Caller:
+    request = ctx.request
+    caller = request.scope.get("state", {}).get("caller") if isinstance(request, Request) else None
+    if not isinstance(caller, Caller):
+        raise DomainError("missing bearer credential", code="unauthenticated")
+    return caller
+
+
+def _services(ctx: ToolContext) -> Services:
+    request = ctx.request
+    assert isinstance(request, Request)
+    svc = request.app.state.services
+    assert isinstance(svc, Services)
+    return svc
+
+
+class McpSurface:
+    """The /mcp ASGI app, its session manager and the sessions' doorbell pumps."""
+
+    def __init__(self, *, body_max: int) -> None:
+        self.server = _SwitchboardServer(
+            "switchboard",
+            version="0.1.0",
+            instructions=INSTRUCTIONS,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
+        self.server.add_notification_handler("notifications/initialized", types.NotificationParams, self._initialized)
+        self.manager = StreamableHTTPSessionManager(
+            app=self.server,
+            # Bearer credentials, not cookies, carry authority here, so DNS-rebinding checks add nothing;
+            # the public host name is deployment-specific.
+            security_settings=None,
+            max_request_body_size=body_max,
+        )
+        self.sessions: dict[str, _Session] = {}
+        self._tools = {name: _tool(name) for name in REGISTRY}
+
+    # -- MCP handlers ---------------------------------------------------------------------------------
+
+    async def _list_tools(self, ctx: ToolContext, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        caller = _caller(ctx)
+        return types.ListToolsResult(tools=[t for name, t in self._tools.items() if name in caller.scope_verbs])
+
+    async def _call_tool(self, ctx: ToolContext, params: types.CallToolRequestParams) -> types.CallToolResult:
+        try:
+            caller = _caller(ctx)
+        except DomainError as exc:
+            return _error(exc.code, exc.message)
+        verb = REGISTRY.get(params.name)
+        if verb is None:
+            return _error("not_found", f"unknown tool {params.name[:100]}")
+        if verb.name not in caller.scope_verbs:
+            return _error("forbidden", f"verb {verb.name} is not in this endpoint's allowlist")
+        svc = _services(ctx)
+        limits = svc.webhook_admin_limits if verb.rate_class == "webhook_admin" else svc.agent_limits
+        wait = limits.take(caller.endpoint_id)
+        if wait:
+            after = int(retry_after(wait))
+            return _error("rate_limited", f"rate limit exceeded; retry after {after}s", retry_after=after)
+        try:
+            data = verb.input.model_validate(params.arguments or {})
+        except ValidationError as exc:
+            return _error("invalid_argument", _validation_message(exc))
+        try:
+            result: BaseModel = await verb.handler(Context(caller=caller, services=svc), data)
+        except DomainError as exc:
+            return _error(exc.code, exc.message)
+        except Exception:
+            log.exception("tool %s failed", verb.name)
+            return _error("internal", "internal error")
+        out = result.model_dump(mode="json")
+        return types.CallToolResult(content=[types.TextContent(text=json.dumps(out))], structured_content=out)
+
+    async def _initialized(self, ctx: ToolContext, params: types.NotificationParams) -> None:
+        request = ctx.request
+        if not isinstance(request, Request):
+            return
+        session_id = request.headers.get(MCP_SESSION_ID_HEADER)
+        caller = request.scope.get("state", {}).get("caller")
+        # The SDK hands handlers a per-request proxy; its connection is the session's standalone channel,
+        # the one place a notification outside any request can go.
+        connection = getattr(ctx.session, "_connection", None)
+        if not session_id or not isinstance(caller, Caller) or not isinstance(connection, Connection):
+            log.warning("mcp session without a doorbell channel")
+            return
+        self.sessions[session_id] = _Session(caller.endpoint_id, connection)
+        connection.exit_stack.callback(self.sessions.pop, session_id, None)
+
+    # -- ASGI -------------------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        caller = scope.get("state", {}).get("caller")
+        if not isinstance(caller, Caller):  # AgentAuthMiddleware answers first; this is a second lock
+            await send_json(send, 401, {"error": {"code": "unauthenticated", "message": "missing bearer credential"}})
+            return
+        # Binds each session to the endpoint that opened it: the SDK answers 404 to anyone else.
+        scope["user"] = AuthenticatedUser(
+            AccessToken(token=caller.endpoint_id, client_id=caller.endpoint_id, scopes=[])
+        )
+        session_id = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"mcp-session-id"), None)
+        if scope.get("method") == "GET" and session_id:
+            await self._serve_listening(scope, receive, send, caller, session_id)
+            return
+        await self.manager.handle_request(scope, receive, send)
+
+    async def _serve_listening(
+        self, scope: Scope, receive: Receive, send: Send, caller: Caller, session_id: str
+    ) -> None:
+        """Serve a session's standalone GET stream; while it is open it is one of the endpoint's subscribers."""
+        opened = asyncio.Event()
+
+        async def watch(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.start" and message["status"] == 200:
+                opened.set()
+
+        pump = asyncio.create_task(self._pump(scope, caller, session_id, opened), name="mcp-doorbell-pump")
+        try:
+            await self.manager.handle_request(scope, receive, watch)
+        finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+
+    async def _pump(self, scope: Scope, caller: Caller, session_id: str, opened: asyncio.Event) -> None:
+        await opened.wait()
+        # The client opens its GET stream right after `notifications/initialized`, which the session may
+        # not have processed yet: wait (bounded) for the session's channel.
+        for _ in range(200):
+            session = self.sessions.get(session_id)
+            if session is not None:
+                break
+            await asyncio.sleep(0.025)
+        else:
+            return
+        if session.endpoint_id != caller.endpoint_id:
+            return
+        hub = scope["app"].state.services.doorbell
+        with hub.subscription(caller.endpoint_id, caller.scope_queues, "mcp") as sub:
+            while session_id in self.sessions:
+                ring = await sub.buffer.get()
+                await session.connection.notify(CHANNEL_METHOD, ring.channel())
+
+    def install(self, app: Starlette) -> None:
+        """Route /mcp (GET stream, POST messages, DELETE session) to this app."""
+        app.router.routes.append(
+            Route("/mcp", endpoint=self, methods=["GET", "POST", "DELETE"], include_in_schema=False)
+        )
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Run the session manager for the life of the block.
+
+        The manager's task group lives in a task of its own, so the block may be entered and left from
+        different tasks (the app lifespan under test harnesses is).
+        """
+        started, stop = asyncio.Event(), asyncio.Event()
+
+        async def run() -> None:
+            async with self.manager.run():
+                started.set()
+                await stop.wait()
+
+        task = asyncio.create_task(run(), name="mcp-session-manager")
+        waiter = asyncio.create_task(started.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if task.done():
+            await task  # raises what stopped it
+        try:
+            yield
+        finally:
+            stop.set()
+            await task

@@ -1,0 +1,224 @@
+"""End-to-end ingest throughput with 32 routing rules (the last one matches) vs no rules, same stack, same run.
+
+Both paths are signed GitHub issues deliveries of a realistic ~25 KB payload over HTTP → API → RouteDelivery
+→ 202 with the todo. The only difference is the webhook: one has no rules (no evaluate activity, no sandbox
+child), the other has 32 rules evaluated in the sandbox, first-match-wins, matching on the last. Rounds
+alternate so drift in the shared dev server hits both alike.
+
+    python bench/ingest_rules.py [--deliveries 600] [--rounds 4] [--concurrency 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import hmac
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._stack import dev_stack, percentile
+
+
+def issue_body(i: int) -> bytes:
+    """A GitHub issues/opened delivery of about 25 KB, shaped like the real thing."""
+    user = {
+        "login": "joestump",
+        "id": 1234,
+        "node_id": "MDQ6VXNlcjEyMzQ=",
+        "avatar_url": "https://avatars.githubusercontent.com/u/1234?v=4",
+        "html_url": "https://github.com/joestump",
+        "type": "User",
+        "site_admin": False,
+    }
+    labels = [
+        {"id": 100 + n, "name": name, "color": "ededed", "default": False} for n, name in enumerate(["bug", "size/M"])
+    ]
+    payload: dict[str, Any] = {
+        "action": "opened",
+        "issue": {
+            "url": f"https://api.github.com/repos/acme/app/issues/{i}",
+            "html_url": f"https://github.com/acme/app/issues/{i}",
+            "id": 900000 + i,
+            "number": i,
+            "title": f"Build fails on main after dependency bump #{i}",
+            "user": user,
+            "labels": labels,
+            "state": "open",
+            "locked": False,
+            "assignees": [user],
+            "comments": 3,
+            "created_at": "2026-09-01T12:00:00Z",
+            "updated_at": "2026-09-01T12:00:00Z",
+            "author_association": "OWNER",
+            "body": ("Steps to reproduce: run make test on a clean checkout and watch the build fail. " * 250)[:20000],
+            "reactions": {"total_count": 0, "+1": 0, "-1": 0},
+        },
+        "repository": {
+            "id": 42,
+            "name": "app",
+            "full_name": "acme/app",
+            "private": False,
+            "owner": user,
+            "html_url": "https://github.com/acme/app",
+            "description": "The app",
+            "topics": ["python", "webhooks", "agents"],
+            "default_branch": "main",
+        },
+        "sender": user,
+    }
+    for n in range(20):
+        payload["repository"][f"{['issues', 'pulls', 'hooks', 'events', 'tags'][n % 5]}_url_{n}"] = (
+            f"https://api.github.com/repos/acme/app/endpoint/{n}{{/number}}"
+        )
+    return json.dumps(payload).encode()
+
+
+def rules_32() -> list[dict[str, Any]]:
+    """31 realistic non-matching rules (labels, kinds, repos, authors, params) and a last one that matches."""
+    rules: list[dict[str, Any]] = []
+    for n in range(31):
+        kind = n % 4
+        if kind == 0:
+            expr = f'.issue != null and (.issue.labels | index("area/component-{n}") != null)'
+        elif kind == 1:
+            expr = f'.kind == "pull_request" and .payload.pull_request.number == {n}'
+        elif kind == 2:
+            expr = f'.issue.repo == "acme/other-{n}"'
+        else:
+            expr = f".issue.author as $a | [$params.blocked | arrays | .[] | strings] | any(.[]; . == $a) and {n} >= 0"
+        rules.append({"id": f"r{n}", "expr": expr, "action": {"drop": True}})
+    rules.append({"id": "issues", "expr": ".issue != null and .verified", "action": {"queue": "work"}})
+    return rules
+
+
+async def drive(n: int, concurrency: int, one: Any) -> tuple[float, list[float]]:
+    latencies: list[float] = []
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(n):
+        queue.put_nowait(i)
+
+    async def runner() -> None:
+        while True:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            started = time.perf_counter()
+            await one(i)
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(runner() for _ in range(concurrency)))
+    return time.perf_counter() - began, latencies
+
+
+async def run_all(base: str, credential: str, args: argparse.Namespace) -> dict[str, Any]:
+    auth = {"Authorization": f"Bearer {credential}"}
+    results: dict[str, list[float]] = {"none": [], "rules": []}
+    elapsed = {"none": 0.0, "rules": 0.0}
+    counter = iter(range(10**9))
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=args.concurrency * 2)) as http:
+
+        async def webhook(rules: list[dict[str, Any]] | None) -> tuple[str, bytes, str]:
+            made = (
+                await http.post(
+                    f"{base}/v1/create_webhook", json={"source_type": "github", "target_queue": "work"}, headers=auth
+                )
+            ).json()
+            if rules is not None:
+                resp = await http.post(
+                    f"{base}/v1/set_webhook_rules",
+                    json={"webhook_id": made["webhook_id"], "rules": rules, "params": {"blocked": ["mallory"]}},
+                    headers=auth,
+                )
+                assert resp.status_code == 200, resp.text
+            return made["ingest_url"].replace("localhost", "127.0.0.1"), made["secret"].encode(), made["webhook_id"]
+
+        plain = await webhook(None)
+        ruled = await webhook(rules_32())
+        body_size = len(issue_body(1))
+
+        def sender(target: tuple[str, bytes, str] | tuple[str, bytes]) -> Any:
+            url, secret = target[0], target[1]
+
+            async def one(_: int) -> None:
+                body = issue_body(next(counter) + 1)
+                sig = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+                resp = await http.post(
+                    url,
+                    content=body,
+                    headers={
+                        "X-Hub-Signature-256": sig,
+                        "X-GitHub-Event": "issues",
+                        "X-GitHub-Delivery": uuid.uuid4().hex,
+                        "Content-Type": "application/json",
+                    },
+                )
+                assert resp.status_code == 202 and resp.json().get("created") == 1, resp.text
+
+            return one
+
+        # The ruled webhook really decides on its last rule, with no faults on the way.
+        ruled_id = ruled[2]
+        tried = await http.post(
+            f"{base}/v1/test_webhook_rules",
+            json={
+                "webhook_id": ruled_id,
+                "payload": json.loads(issue_body(1)),
+                "headers": {"X-GitHub-Event": "issues"},
+            },
+            headers=auth,
+        )
+        trace = tried.json()["trace"]
+        assert trace.get("rule_index") == 31 and "faults" not in trace, tried.text
+        paths = {"none": sender(plain), "rules": sender(ruled)}
+        for fn in paths.values():
+            await drive(args.warmup, args.concurrency, fn)
+        per_round = max(1, args.deliveries // args.rounds)
+        for _ in range(args.rounds):
+            for name, fn in paths.items():
+                took, lat = await drive(per_round, args.concurrency, fn)
+                elapsed[name] += took
+                results[name].extend(lat)
+    return {"lat": results, "elapsed": elapsed, "body_size": body_size}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--deliveries", type=int, default=600, help="per path, split over the rounds")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=40)
+    args = parser.parse_args()
+    with dev_stack() as stack:
+        endpoint = stack.vend(["work"], ["create_webhook", "set_webhook_rules", "test_webhook_rules"])
+        res = asyncio.run(run_all(stack.base, str(endpoint["credential"]), args))
+    rows = []
+    for name, label in (
+        ("none", "no rules (no evaluate activity)"),
+        ("rules", "32 rules, match on the last (sandbox)"),
+    ):
+        lat = res["lat"][name]
+        rows.append((label, len(lat) / res["elapsed"][name], percentile(lat, 0.5), percentile(lat, 0.99)))
+    print(
+        f"\ningest with rules: {len(res['lat']['none'])} deliveries per path in {args.rounds} alternating rounds, "
+        f"concurrency {args.concurrency}, {res['body_size'] / 1024:.1f} KB GitHub issues payload, dev server\n"
+    )
+    print(f"{'path':<44} {'deliveries/s':>12} {'p50 ms':>8} {'p99 ms':>8}")
+    for label, rate, p50, p99 in rows:
+        print(f"{label:<44} {rate:>12.1f} {p50:>8.1f} {p99:>8.1f}")
+    print(f"\nthroughput ratio (32 rules / no rules): {rows[1][1] / rows[0][1]:.2f}   (target >= 0.90)")
+    print(f"p50 difference: {rows[1][2] - rows[0][2]:+.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
