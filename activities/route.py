@@ -55,7 +55,8 @@ class RouteActivities:
             done, _ = await asyncio.wait({task}, timeout=0.5)
             if done:
                 break
-            activity.heartbeat()
+            if not activity.info().is_local:
+                activity.heartbeat()
         result = task.result()
         assert isinstance(result, Evaluation)
         return result

@@ -120,6 +120,7 @@ async def ingest(ingest_token: str, request: Request) -> JSONResponse:
         body_b64=base64.b64encode(body).decode(),
         source_ip=client_ip,
         received_at=datetime.now(UTC).isoformat(),
+        evaluate_locally=settings.evaluate_locally,
     )
     return await start_and_wait(request, delivery)
 

@@ -198,8 +198,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=40)
+    parser.add_argument(
+        "--evaluate-locally",
+        action="store_true",
+        help="run rule evaluation as a local activity (SWITCHBOARD_EVALUATE_LOCALLY) instead of a heartbeating one",
+    )
     args = parser.parse_args()
-    with dev_stack() as stack:
+    extra = {"SWITCHBOARD_EVALUATE_LOCALLY": "true"} if args.evaluate_locally else {}
+    with dev_stack(extra) as stack:
         endpoint = stack.vend(["work"], ["create_webhook", "set_webhook_rules", "test_webhook_rules"])
         res = asyncio.run(run_all(stack.base, str(endpoint["credential"]), args))
     rows = []
@@ -211,7 +217,8 @@ def main() -> None:
         rows.append((label, len(lat) / res["elapsed"][name], percentile(lat, 0.5), percentile(lat, 0.99)))
     print(
         f"\ningest with rules: {len(res['lat']['none'])} deliveries per path in {args.rounds} alternating rounds, "
-        f"concurrency {args.concurrency}, {res['body_size'] / 1024:.1f} KB GitHub issues payload, dev server\n"
+        f"concurrency {args.concurrency}, {res['body_size'] / 1024:.1f} KB GitHub issues payload, dev server, "
+        f"evaluation as a {'local' if args.evaluate_locally else 'heartbeating regular'} activity\n"
     )
     print(f"{'path':<44} {'deliveries/s':>12} {'p50 ms':>8} {'p99 ms':>8}")
     for label, rate, p50, p99 in rows:

@@ -26,6 +26,9 @@ class DeliveryInput(BaseModel):
     body_b64: str
     source_ip: str | None
     received_at: str
+    # Run rule evaluation as a local activity (no extra workflow task; a dead worker is then noticed by the
+    # workflow task timeout rather than a heartbeat timeout). Decided by the receiver, recorded in history.
+    evaluate_locally: bool = False
 
     def body(self) -> bytes:
         """The raw body, exactly as received."""

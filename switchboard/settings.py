@@ -38,6 +38,7 @@ class Settings(BaseSettings):
     db_pool_max: int = 10
     api_worker: bool = True
     eager_start: bool = True
+    evaluate_locally: bool = False
     log_level: str = "INFO"
 
     def base_url(self) -> str:

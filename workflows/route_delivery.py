@@ -66,7 +66,14 @@ class RouteDelivery:
             body=delivery.body(),
             kind=delivery.kind,
         )
-        if grant.rules:
+        if grant.rules and delivery.evaluate_locally:
+            evaluation = await workflow.execute_local_activity_method(
+                RouteActivities.evaluate_rules,
+                EvaluateInput(rules=grant.rules, params=grant.params, envelope=envelope),
+                start_to_close_timeout=timedelta(seconds=10),
+                retry_policy=EVALUATE_RETRY,
+            )
+        elif grant.rules:
             evaluation = await workflow.execute_activity_method(
                 RouteActivities.evaluate_rules,
                 EvaluateInput(rules=grant.rules, params=grant.params, envelope=envelope),

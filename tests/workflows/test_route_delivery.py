@@ -122,3 +122,33 @@ async def test_committed_histories_still_replay(name: str) -> None:
     history = WorkflowHistory.from_json(str(uuid.uuid4()), json.loads((HISTORIES / name).read_text()))
     replayer = Replayer(workflows=[RouteDelivery, ReapTodos], data_converter=pydantic_data_converter)
     await replayer.replay_workflow(history)
+
+
+async def test_rules_evaluate_as_a_heartbeating_activity_or_locally_with_the_same_decision(stack: Stack) -> None:
+    from temporalio.api.enums.v1 import EventType
+
+    from workflows.route_delivery import workflow_id_for
+
+    agent = await stack.agent()
+    webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
+    rules = [
+        {"id": "never", "expr": ".payload.nope == 1", "action": {"drop": True}},
+        {"id": "issues", "expr": '.kind == "issues"', "action": {"queue": "work"}},
+    ]
+    await agent.ok("set_webhook_rules", {"webhook_id": webhook["webhook_id"], "rules": rules})
+    kinds = {}
+    for mode in (False, True):
+        stack.settings.evaluate_locally = mode
+        delivery = f"mode-{mode}"
+        resp = await post_github(stack.http, webhook, issue_payload(), delivery=delivery)
+        assert resp.status_code == 202 and resp.json()["created"] == 1
+        handle = stack.temporal.get_workflow_handle(
+            workflow_id_for(webhook["webhook_id"], f"{webhook['webhook_id']}:{delivery}")
+        )
+        history = await handle.fetch_history()
+        kinds[mode] = {e.event_type for e in history.events}
+        [(trace,)] = stack.sql("SELECT routing_trace FROM events WHERE id = %s", resp.json()["event_id"])
+        assert trace["stage"] == "rule" and trace["rule_id"] == "issues"
+        await Replayer(workflows=[RouteDelivery], data_converter=pydantic_data_converter).replay_workflow(history)
+    assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED in kinds[False]
+    assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in kinds[True]
