@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import Services, services
-from store.errors import Unauthenticated
+from store.errors import InvalidArgument, Unauthenticated
 
 
 class AdminInput(BaseModel):
@@ -98,6 +98,16 @@ async def create_agent(body: CreateAgentInput, svc: Services = Depends(require_a
     summary="Vend an endpoint; the credential is shown once.",
 )
 async def vend_endpoint(body: VendEndpointInput, svc: Services = Depends(require_admin)) -> VendEndpointOutput:
+    from api.verbs import REGISTRY
+    from routing.models import SOURCE_TYPES
+
+    # A typo in a scope would silently vend a useless endpoint: refuse unknown names instead.
+    unknown_verbs = sorted(set(body.verbs) - set(REGISTRY))
+    if unknown_verbs:
+        raise InvalidArgument(f"unknown verbs: {', '.join(unknown_verbs)}")
+    unknown_sources = sorted(set(body.webhook_source_types) - set(SOURCE_TYPES))
+    if unknown_sources:
+        raise InvalidArgument(f"unknown or reserved source types: {', '.join(unknown_sources)}")
     made = await svc.identities.vend_endpoint(
         agent_id=body.agent_id,
         queues=body.queues,

@@ -68,3 +68,21 @@ async def test_verb_bodies_are_json_whatever_the_content_type(stack: Stack) -> N
     assert form.status_code == 200 and form.json()["endpoint_id"] == agent.endpoint_id
     empty = await stack.http.post("/v1/list_todos", headers=auth)
     assert empty.status_code == 200 and empty.json() == {"todos": []}
+
+
+async def test_vend_refuses_unknown_verbs_and_source_types(stack: Stack) -> None:
+    human = await stack.human()
+    agent_id = (await stack.admin("create_agent", {"human_id": human, "name": "a"}))["agent_id"]
+    headers = {"Authorization": f"Bearer {stack.settings.admin_token}"}
+    base = {"agent_id": agent_id, "queues": ["work"], "webhook_queues": ["work"]}
+    bad_verb = await stack.http.post(
+        "/admin/v1/vend_endpoint", json={**base, "verbs": ["claim", "clam"]}, headers=headers
+    )
+    assert bad_verb.status_code == 422 and "clam" in bad_verb.json()["error"]["message"]
+    bad_source = await stack.http.post(
+        "/admin/v1/vend_endpoint",
+        json={**base, "verbs": ["claim"], "webhook_source_types": ["schedule"]},
+        headers=headers,
+    )
+    assert bad_source.status_code == 422
+    assert stack.sql("SELECT count(*) FROM endpoints")[0][0] == 0
