@@ -652,3 +652,22 @@ async def test_pool_review_through_the_sandbox_child() -> None:
             _check_pool(decide(grant, evaluation, envelope), dropped_by)
     finally:
         await pool.close()
+
+
+async def test_fleet_fixtures_through_the_sandbox_child_match_in_process() -> None:
+    """Every fleet fixture decides identically in real sandbox children and in process."""
+    from routing.sandbox import SandboxPool, evaluate_in_process
+
+    pool = SandboxPool(rule_timeout=5.0, event_budget=30.0, hard_deadline=60.0, acquire_timeout=30.0)
+    try:
+        for case, build, _queue, rule_id in FLEET_CASES:
+            envelope = build()
+            grant = fleet_grant(source=envelope["source"])
+            child = await pool.evaluate(grant.rules, grant.params, envelope)
+            local = evaluate_in_process(grant.rules, grant.params, envelope, rule_timeout=5.0, event_budget=60.0)
+            assert child.faults == [] and child.matched_index == local.matched_index, case
+            decision = decide(grant, child, envelope)
+            assert decision.trace["rule_id"] == rule_id, (case, decision.trace)
+            assert decision == decide(grant, local, envelope), case
+    finally:
+        await pool.close()
