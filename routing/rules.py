@@ -12,6 +12,7 @@ from typing import Any
 import jq
 
 from routing.models import Grant
+from routing.sandbox_child import REFUSED_FUNCTIONS
 
 MAX_RULES = 32
 MAX_ID_CHARS = 64
@@ -27,26 +28,7 @@ PARAMS_VAR = "params"
 
 # Functions that read outside the envelope (environment, input stream, clock, files, modules) or write
 # outside the evaluation (stderr, exit codes). The compile check cannot catch them: libjq defines them.
-FORBIDDEN_FUNCTIONS = frozenset(
-    {
-        "env",
-        "input",
-        "inputs",
-        "input_filename",
-        "input_line_number",
-        "debug",
-        "stderr",
-        "halt",
-        "halt_error",
-        "now",
-        "localtime",
-        "strflocaltime",
-        "get_search_list",
-        "get_prog_origin",
-        "get_jq_origin",
-        "modulemeta",
-    }
-)
+FORBIDDEN_FUNCTIONS = REFUSED_FUNCTIONS - {"import", "include"}  # those two are refused as keywords
 # Variables libjq defines on its own; all of them describe the process, not the envelope.
 FORBIDDEN_VARIABLES = frozenset({"ENV", "__loc__", "__prog_args", "__prog_name", "ARGS"})
 # Module directives: expressions compile with no module loader.

@@ -134,23 +134,10 @@ class WebhookStore:
     async def load_grant(self, webhook_id: str) -> Grant:
         """The webhook's configuration and live targets, recomputed for one delivery."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(_GRANT_SQL, {"webhook": webhook_id})
-            row = await cur.fetchone()
-        if row is None:
+            grant = await self.grant_on(conn, webhook_id)
+        if grant is None:
             raise NotFound("unknown webhook")
-        return Grant(
-            webhook_id=row["id"],
-            owner_endpoint_id=row["endpoint_id"],
-            human_id=row["human_id"],
-            source=row["source_type"],
-            target_queue=row["target_queue"],
-            allowed_queues=list(row["webhook_queues"]),
-            targets=[Target.model_validate(t) for t in row["targets"]],
-            rules=list(row["routing_rules"] or []),
-            default_action=row["routing_default_action"],
-            params=row["routing_params"],
-            subject_path=((row["config"] or {}).get("collector") or {}).get("subject_path"),
-        )
+        return grant
 
     async def grant_on(self, conn: AsyncConnection[DictRow], webhook_id: str) -> Grant | None:
         """The grant computed on the caller's connection (inside its transaction); None when not live."""
@@ -169,6 +156,7 @@ class WebhookStore:
             rules=list(row["routing_rules"] or []),
             default_action=row["routing_default_action"],
             params=row["routing_params"],
+            subject_path=((row["config"] or {}).get("collector") or {}).get("subject_path"),
         )
 
     async def add_route_unchecked(self, webhook_id: str, target_endpoint_id: str) -> None:
