@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,3 +114,25 @@ def percentile(values: list[float], q: float) -> float:
 
 def dumps(value: object) -> str:
     return json.dumps(value, indent=2)
+
+
+async def drive(n: int, concurrency: int, one: Callable[[int], Awaitable[object]]) -> tuple[float, list[float]]:
+    """Run one(i) for i in range(n) on `concurrency` workers; returns elapsed seconds and latencies in ms."""
+    latencies: list[float] = []
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(n):
+        queue.put_nowait(i)
+
+    async def runner() -> None:
+        while True:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            started = time.perf_counter()
+            await one(i)
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(runner() for _ in range(concurrency)))
+    return time.perf_counter() - began, latencies

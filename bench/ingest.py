@@ -15,7 +15,6 @@ import hashlib
 import hmac
 import json
 import sys
-import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -24,28 +23,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._stack import dev_stack, percentile
-
-
-async def drive(n: int, concurrency: int, one: object) -> tuple[float, list[float]]:
-    latencies: list[float] = []
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(n):
-        queue.put_nowait(i)
-
-    async def runner() -> None:
-        while True:
-            try:
-                i = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            started = time.perf_counter()
-            await one(i)  # type: ignore[operator]
-            latencies.append((time.perf_counter() - started) * 1000)
-
-    began = time.perf_counter()
-    await asyncio.gather(*(runner() for _ in range(concurrency)))
-    return time.perf_counter() - began, latencies
+from bench._stack import dev_stack, drive, percentile
 
 
 def row(name: str, elapsed: float, lat: list[float]) -> tuple[str, float, float, float]:

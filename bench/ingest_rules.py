@@ -16,7 +16,6 @@ import hashlib
 import hmac
 import json
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._stack import dev_stack, percentile
+from bench._stack import dev_stack, drive, percentile
 
 
 def issue_body(i: int) -> bytes:
@@ -98,27 +97,6 @@ def rules_32() -> list[dict[str, Any]]:
         rules.append({"id": f"r{n}", "expr": expr, "action": {"drop": True}})
     rules.append({"id": "issues", "expr": ".issue != null and .verified", "action": {"queue": "work"}})
     return rules
-
-
-async def drive(n: int, concurrency: int, one: Any) -> tuple[float, list[float]]:
-    latencies: list[float] = []
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(n):
-        queue.put_nowait(i)
-
-    async def runner() -> None:
-        while True:
-            try:
-                i = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            started = time.perf_counter()
-            await one(i)
-            latencies.append((time.perf_counter() - started) * 1000)
-
-    began = time.perf_counter()
-    await asyncio.gather(*(runner() for _ in range(concurrency)))
-    return time.perf_counter() - began, latencies
 
 
 async def run_all(base: str, credential: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -18,6 +18,8 @@ async def test_openapi_has_one_operation_per_verb(stack: Stack) -> None:
         assert op["operationId"] == name
         assert op["summary"] == verb.summary
         assert "requestBody" in op
+        ok = op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+        assert ok == f"#/components/schemas/{verb.output.__name__}"
     assert "/webhooks/w/{ingest_token}" in spec["paths"]
     assert "/admin/v1/vend_endpoint" in spec["paths"]
     assert (await stack.http.get("/docs")).status_code == 200
