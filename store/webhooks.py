@@ -11,7 +11,7 @@ from psycopg.types.json import Jsonb
 from routing.models import RESERVED_SOURCES, TRUST_BY_SOURCE, Grant, Target
 from store.crypto import SecretBox
 from store.db import Pool
-from store.errors import CeilingExceeded, Forbidden, ForbiddenSourceType, InvalidArgument, NotFound
+from store.errors import CeilingExceeded, Conflict, Forbidden, ForbiddenSourceType, InvalidArgument, NotFound
 from store.ids import new_id, new_ingest_token, new_webhook_secret
 from store.models import Caller, IngestWebhook, Webhook
 
@@ -208,6 +208,13 @@ class WebhookStore:
             )
             if await cur.fetchone() is None:
                 raise NotFound("unknown webhook")
+            # A schedule firing through this webhook would fire into nothing: make the owner choose.
+            cur = await conn.execute(
+                "SELECT count(*) AS n FROM schedules WHERE webhook_id = %s AND state = 'live'", (webhook_id,)
+            )
+            row = await cur.fetchone()
+            if row is not None and row["n"]:
+                raise Conflict(f"{row['n']} schedule(s) fire through this webhook; delete them first")
             await conn.execute("DELETE FROM webhook_routes WHERE webhook_id = %s", (webhook_id,))
 
 

@@ -152,6 +152,13 @@ async def test_webhook_target_fires_through_the_webhooks_rules(stack: Stack) -> 
     [(queue, event_id)] = stack.sql("SELECT queue, event_id FROM todos")
     assert queue == "cron" and event_id == event[0]
 
+    # The webhook cannot be deleted from under its schedule; once the schedule is gone, it can.
+    refused = await agent.call("delete_webhook", {"webhook_id": webhook["webhook_id"]})
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "conflict"
+    assert stack.sql("SELECT state FROM endpoint_webhooks WHERE id = %s", webhook["webhook_id"]) == [("live",)]
+    await agent.ok("delete_schedule", {"schedule_id": made["schedule_id"]})
+    await agent.ok("delete_webhook", {"webhook_id": webhook["webhook_id"]})
+
 
 async def test_schedule_scope_validation_and_delete(stack: Stack) -> None:
     agent = await stack.agent(queues=["work"])
