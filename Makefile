@@ -22,7 +22,10 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP) lint
-	$(BIN)/pytest -q -p no:cacheprovider
+	@# A private temp folder: a concurrent pytest run re-locks the shared default (chmod 700), which would cut
+	@# the embedded PostgreSQL (running as its own user) off from its data directory.
+	@tmp=$$(mktemp -d /tmp/switchboard-tests.XXXXXX); \
+	$(BIN)/pytest -q -p no:cacheprovider --basetemp="$$tmp"; rc=$$?; rm -rf "$$tmp"; exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py
