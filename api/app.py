@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -31,8 +32,12 @@ DESCRIPTION = """Switchboard turns webhook deliveries into durable, explainable 
 """
 
 
-def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI:
-    """Build the app; the lifespan opens the pool and (unless one is given) the Temporal client."""
+def create_app(settings: Settings, *, temporal: Client | None = None, sandbox: Any = None) -> FastAPI:
+    """Build the app; the lifespan opens the pool and (unless one is given) the Temporal client.
+
+    A given sandbox pool (the co-hosted worker's) is shared by the dry-run verbs, so one process never runs
+    more than that pool's children; it stays owned, and closed, by whoever passed it.
+    """
 
     mcp = McpSurface(body_max=settings.agent_body_max)
 
@@ -46,14 +51,16 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
         if client is None and settings.temporal_address:
             client = await connect(settings, lazy=True)
         app.state.services = Services.build(settings, pool, client)
+        if sandbox is not None:
+            app.state.services.extras["sandbox"] = sandbox
         try:
             async with run_doorbell(settings.database_url, app.state.services.doorbell), mcp.running():
                 yield
         finally:
             # The rule verbs' sandbox pool (api/verbs/rules.py) is started lazily; its children die with us.
-            sandbox = app.state.services.extras.pop("sandbox", None)
-            if sandbox is not None:
-                await sandbox.close()
+            own = app.state.services.extras.pop("sandbox", None)
+            if own is not None and own is not sandbox:
+                await own.close()
             await pool.close()
 
     app = FastAPI(

@@ -38,7 +38,10 @@ async def serve(settings: Settings, *, with_worker: bool = True) -> None:
     worker = build_worker(client, pool, settings, sandbox=sandbox)
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(settings, temporal=client), host=settings.http_host, port=settings.http_port, log_level="warning"
+            create_app(settings, temporal=client, sandbox=sandbox),
+            host=settings.http_host,
+            port=settings.http_port,
+            log_level="warning",
         )
     )
     try:
