@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
@@ -105,4 +106,30 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
     delay = float(os.environ.get("SWITCHBOARD_FAULT_COMMIT_DELAY", "0") or 0)
     async with running_worker(settings, commit_delay=delay):
         log.info("worker polling task queue %s", settings.task_queue)
-        await (stop or asyncio.Event()).wait()
+        beat = asyncio.create_task(_liveness(settings.home / LIVENESS_FILE))
+        try:
+            await (stop or asyncio.Event()).wait()
+        finally:
+            beat.cancel()
+
+
+LIVENESS_FILE = "worker.alive"
+LIVENESS_PERIOD = 10.0
+
+
+async def _liveness(path: Path) -> None:
+    # Touched while the worker runs; `switchboard worker-health` (the container health check) reads its age.
+    await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+    while True:
+        await asyncio.to_thread(path.touch)
+        await asyncio.sleep(LIVENESS_PERIOD)
+
+
+def worker_is_alive(home: Path, max_age: float = 3 * LIVENESS_PERIOD) -> bool:
+    """Whether a worker under this home touched its liveness file recently."""
+    import time
+
+    try:
+        return time.time() - (home / LIVENESS_FILE).stat().st_mtime < max_age
+    except FileNotFoundError:
+        return False

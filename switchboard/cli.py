@@ -57,6 +57,14 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_worker_health(settings: Settings, args: argparse.Namespace) -> int:
+    from worker import worker_is_alive
+
+    alive = worker_is_alive(settings.home)
+    print("ok" if alive else "worker liveness file is stale or missing")
+    return 0 if alive else 1
+
+
 def cmd_dev(settings: Settings, args: argparse.Namespace) -> int:
     from switchboard.dev import run_dev
 
@@ -151,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="apply database migrations").set_defaults(fn=cmd_migrate)
     sub.add_parser("api", help="run the HTTP API").set_defaults(fn=cmd_api)
     sub.add_parser("worker", help="run the Temporal worker").set_defaults(fn=cmd_worker)
+    sub.add_parser(
+        "worker-health", help="exit 0 when this home's worker is alive (container health check)"
+    ).set_defaults(fn=cmd_worker_health)
 
     human = sub.add_parser("human", help="humans").add_subparsers(dest="action", required=True)
     hc = human.add_parser("create", help="create a human")

@@ -75,6 +75,7 @@ async def test_worker_killed_mid_delivery_still_ends_with_exactly_one_todo(
             workflow_id = resp.json()["workflow_id"]
             await asyncio.sleep(1.5)  # the worker is now inside the (delayed) commit
             assert stack.sql("SELECT count(*) FROM events")[0][0] == 0
+            assert (tmp_path / "worker-home" / "worker.alive").exists()  # the container health check's signal
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
