@@ -22,9 +22,9 @@ from temporalio.common import (
 
 from api.deps import services
 from api.ratelimit import retry_after
-from routing.collectors import collector_config, derive_generic_kind
+from routing.collectors import collector_config, delivery_kind
 from routing.delivery import CommitResult, DeliveryInput
-from routing.envelope import derive_kind, parse_payload
+from routing.envelope import parse_payload
 from routing.headers import lower_headers, sanitize_headers
 from routing.models import RESERVED_SOURCES
 from routing.signatures import MissingSecret, delivery_id, verify
@@ -103,9 +103,7 @@ async def ingest(ingest_token: str, request: Request) -> JSONResponse:
         return JSONResponse({"challenge": payload["challenge"]}, status_code=200)
 
     external_id = f"{webhook.id}:{delivery_id(webhook.source_type, headers, body)}"
-    kind = derive_kind(webhook.source_type, headers, payload)
-    if collector is not None:
-        kind = derive_generic_kind(collector, headers, payload, forge_kind=kind)
+    kind = delivery_kind(webhook.source_type, webhook.config, headers, payload)
     delivery = DeliveryInput(
         webhook_id=webhook.id,
         endpoint_id=webhook.endpoint_id,

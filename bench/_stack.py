@@ -12,11 +12,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from routing.signatures import sign_github
 
 BIN = Path(sys.executable).parent
 
@@ -136,3 +139,11 @@ async def drive(n: int, concurrency: int, one: Callable[[int], Awaitable[object]
     began = time.perf_counter()
     await asyncio.gather(*(runner() for _ in range(concurrency)))
     return time.perf_counter() - began, latencies
+
+
+async def post_signed_issue(http: httpx.AsyncClient, url: str, secret: bytes, body: bytes) -> None:
+    """POST a signed GitHub `issues` delivery with a fresh delivery id; it must mint exactly one todo."""
+    headers = {"X-GitHub-Event": "issues", "X-GitHub-Delivery": uuid.uuid4().hex, "Content-Type": "application/json"}
+    headers.update(sign_github(secret, body))
+    resp = await http.post(url, content=body, headers=headers)
+    assert resp.status_code == 202 and resp.json().get("created") == 1, resp.text

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import hmac
 import json
 import sys
 import uuid
@@ -23,7 +21,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._stack import dev_stack, drive, percentile
+from bench._stack import dev_stack, drive, percentile, post_signed_issue
 
 
 def row(name: str, elapsed: float, lat: list[float]) -> tuple[str, float, float, float]:
@@ -83,18 +81,7 @@ async def run_all(stack_base: str, credential: str, address: str, args: argparse
                     "sender": {"login": "joe"},
                 }
             ).encode()
-            sig = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
-            resp = await http.post(
-                url,
-                content=body,
-                headers={
-                    "X-Hub-Signature-256": sig,
-                    "X-GitHub-Event": "issues",
-                    "X-GitHub-Delivery": uuid.uuid4().hex,
-                    "Content-Type": "application/json",
-                },
-            )
-            assert resp.status_code == 202 and resp.json().get("created") == 1, resp.text
+            await post_signed_issue(http, url, secret, body)
 
         await drive(args.warmup, args.concurrency, floor_one)
         await drive(args.warmup, args.concurrency, ours_one)

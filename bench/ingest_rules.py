@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import hmac
 import json
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +21,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._stack import dev_stack, drive, percentile
+from bench._stack import dev_stack, drive, percentile, post_signed_issue
 
 
 def issue_body(i: int) -> bytes:
@@ -130,18 +127,7 @@ async def run_all(base: str, credential: str, args: argparse.Namespace) -> dict[
 
             async def one(_: int) -> None:
                 body = issue_body(next(counter) + 1)
-                sig = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
-                resp = await http.post(
-                    url,
-                    content=body,
-                    headers={
-                        "X-Hub-Signature-256": sig,
-                        "X-GitHub-Event": "issues",
-                        "X-GitHub-Delivery": uuid.uuid4().hex,
-                        "Content-Type": "application/json",
-                    },
-                )
-                assert resp.status_code == 202 and resp.json().get("created") == 1, resp.text
+                await post_signed_issue(http, url, secret, body)
 
             return one
 

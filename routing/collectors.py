@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from routing.envelope import derive_kind
 from routing.signatures import GenericHmac
 
 MAX_KIND_CHARS = 256
@@ -195,6 +196,16 @@ def derive_generic_kind(
         if spec.default is not None:
             return spec.default
     return forge_kind
+
+
+def delivery_kind(
+    source: str, config: Mapping[str, Any] | None, headers: Mapping[str, str], payload: Any
+) -> str | None:
+    """A delivery's .kind exactly as the receiver derives it; the dry-run uses the same function."""
+    kind = derive_kind(source, headers, payload)
+    if source == "generic":
+        kind = derive_generic_kind(collector_config(config), headers, payload, forge_kind=kind)
+    return kind
 
 
 def path_subject(envelope: Mapping[str, Any] | None, path: str | None, webhook_id: str) -> str | None:

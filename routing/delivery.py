@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from routing.envelope import build_envelope
 from routing.models import Decision
 
 
@@ -33,6 +34,19 @@ class DeliveryInput(BaseModel):
     def body(self) -> bytes:
         """The raw body, exactly as received."""
         return base64.b64decode(self.body_b64)
+
+    def envelope(self) -> dict[str, Any]:
+        """The routing envelope of this delivery, as rules, dry-run and backtest see it."""
+        return build_envelope(
+            source=self.source,
+            webhook_id=self.webhook_id,
+            trust_mode=self.trust_mode,
+            verified=self.verified,
+            content_type=self.content_type,
+            headers=self.headers,
+            body=self.body(),
+            kind=self.kind,
+        )
 
 
 class CommitInput(BaseModel):

@@ -12,7 +12,6 @@ with workflow.unsafe.imports_passed_through():
     from activities.route import RouteActivities
     from routing.decision import decide
     from routing.delivery import CommitInput, CommitResult, DeliveryInput
-    from routing.envelope import build_envelope
     from routing.models import Evaluation
     from workflows import search
 
@@ -55,32 +54,27 @@ class RouteDelivery:
             return CommitResult(status="no_targets", verified=delivery.verified, trust_mode=delivery.trust_mode)
 
         evaluation = Evaluation()
-        # Built even without rules: a default action's once/coalesce/work_order reads the subject from it.
-        envelope = build_envelope(
-            source=delivery.source,
-            webhook_id=delivery.webhook_id,
-            trust_mode=delivery.trust_mode,
-            verified=delivery.verified,
-            content_type=delivery.content_type,
-            headers=delivery.headers,
-            body=delivery.body(),
-            kind=delivery.kind,
-        )
-        if grant.rules and delivery.evaluate_locally:
-            evaluation = await workflow.execute_local_activity_method(
-                RouteActivities.evaluate_rules,
-                EvaluateInput(rules=grant.rules, params=grant.params, envelope=envelope),
-                start_to_close_timeout=timedelta(seconds=10),
-                retry_policy=EVALUATE_RETRY,
-            )
-        elif grant.rules:
-            evaluation = await workflow.execute_activity_method(
-                RouteActivities.evaluate_rules,
-                EvaluateInput(rules=grant.rules, params=grant.params, envelope=envelope),
-                start_to_close_timeout=timedelta(seconds=10),
-                heartbeat_timeout=timedelta(seconds=3),
-                retry_policy=EVALUATE_RETRY,
-            )
+        # Only rules and a configured default (once / coalesce / work order read the subject) need the envelope;
+        # a webhook with neither routes to its target queue without parsing the body here.
+        envelope = delivery.envelope() if grant.rules or grant.default_action else None
+        if grant.rules:
+            assert envelope is not None
+            rules = EvaluateInput(rules=grant.rules, params=grant.params, envelope=envelope)
+            if delivery.evaluate_locally:
+                evaluation = await workflow.execute_local_activity_method(
+                    RouteActivities.evaluate_rules,
+                    rules,
+                    start_to_close_timeout=timedelta(seconds=10),
+                    retry_policy=EVALUATE_RETRY,
+                )
+            else:
+                evaluation = await workflow.execute_activity_method(
+                    RouteActivities.evaluate_rules,
+                    rules,
+                    start_to_close_timeout=timedelta(seconds=10),
+                    heartbeat_timeout=timedelta(seconds=3),
+                    retry_policy=EVALUATE_RETRY,
+                )
         decision = decide(grant, evaluation, envelope)
 
         result = await workflow.execute_local_activity_method(

@@ -14,9 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from api.verbs.registry import Context, VerbInput, verb
-from routing.collectors import collector_config, derive_generic_kind
+from routing.collectors import collector_config, delivery_kind
 from routing.decision import decide
-from routing.envelope import build_envelope, derive_kind, parse_payload
+from routing.envelope import build_envelope, parse_payload
 from routing.headers import lower_headers, sanitize_headers
 from routing.models import TRUST_BY_SOURCE, Decision, Evaluation, Grant
 from routing.rules import RuleValidationError, validate_config
@@ -288,11 +288,9 @@ def sample_envelope(
     parsed = parse_payload(body)
     trust_mode = TRUST_BY_SOURCE.get(grant.source, "token")
     verified = trust_mode == "signed"
-    kind = derive_kind(grant.source, lowered, parsed)
+    kind = delivery_kind(grant.source, config, lowered, parsed)
     if grant.source == "generic":
-        collector = collector_config(config)
-        verified = collector.hmac is not None
-        kind = derive_generic_kind(collector, lowered, parsed, forge_kind=kind)
+        verified = collector_config(config).hmac is not None
     return build_envelope(
         source=grant.source,
         webhook_id=grant.webhook_id,
