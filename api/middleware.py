@@ -10,7 +10,9 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.deps import Services
 from api.ratelimit import retry_after
+from api.verbs import REGISTRY
 from store.errors import Unauthenticated
 
 log = logging.getLogger("switchboard.http")
@@ -21,6 +23,7 @@ SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"strict-origin-when-cross-origin"),
 ]
+_SECURITY_NAMES = frozenset(name for name, _ in SECURITY_HEADERS)
 # The interactive docs need scripts and styles from the page itself.
 DOCS_CSP = b"default-src 'none'; script-src 'self' 'unsafe-inline' https:; style-src 'self' 'unsafe-inline' https:; img-src 'self' data: https:; connect-src 'self'"
 
@@ -157,8 +160,6 @@ class AgentAuthMiddleware:
         if scope["type"] != "http" or not path.startswith(self.prefixes):
             await self.app(scope, receive, send)
             return
-        from api.deps import Services
-
         services = scope["app"].state.services
         assert isinstance(services, Services)
         token = ""
@@ -186,8 +187,6 @@ class AgentAuthMiddleware:
             )
             return
         if path.startswith("/v1/"):
-            from api.verbs import REGISTRY
-
             name = path[len("/v1/") :]
             verb = REGISTRY.get(name)
             if verb is not None and name not in caller.scope_verbs:
