@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from datetime import datetime
 from typing import Any
 
@@ -78,12 +77,22 @@ def _subject_lock(endpoint_id: str, queue: str, subject: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def _jsonb_payload(body: bytes) -> Jsonb | None:
-    value = parse_payload(body)
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def _jsonb_payload(value: Any, body: bytes) -> Jsonb | None:
     if value is None:
         return None
-    # jsonb cannot hold NUL characters; such payloads stay available raw on the event.
-    if "\\u0000" in json.dumps(value):
+    # jsonb cannot hold NUL characters; such payloads stay available raw on the event. A NUL can only arrive
+    # escaped, so bodies without that escape skip the walk.
+    if b"\\u0000" in body and _has_nul(value):
         return None
     return Jsonb(value)
 
@@ -193,7 +202,8 @@ class DeliveryStore:
     ) -> list[TodoRef]:
         if not planned:
             return []
-        title = todo_title(d.source, d.kind, parse_payload(body))
+        parsed = parse_payload(body)
+        title = todo_title(d.source, d.kind, parsed)
         cur = await conn.execute(
             _INSERT_TODOS,
             {
@@ -203,7 +213,7 @@ class DeliveryStore:
                 "source": d.source,
                 "kind": d.kind,
                 "title": title,
-                "payload": _jsonb_payload(body),
+                "payload": _jsonb_payload(parsed, body),
                 "event_id": event_id,
                 "idempotency_key": d.external_id,
                 "routing_trace": Jsonb(trace),

@@ -149,3 +149,24 @@ async def test_a_revoked_owner_leaves_no_target_and_the_producer_retries(stack: 
     resp = await post_github(stack.http, webhook, issue_payload())
     assert resp.status_code == 503 and resp.json() == {"error": "webhook has no live delivery target"}
     assert stack.sql("SELECT count(*) FROM events")[0][0] == 0
+
+
+async def test_payload_with_a_nul_character_is_kept_raw_on_the_event(stack: Stack) -> None:
+    agent = await stack.agent()
+    generic = await agent.ok("create_webhook", {"source_type": "generic", "target_queue": "work"})
+    url = f"/webhooks/w/{token_of(generic['ingest_url'])}"
+    body = b'{"text": "a\\u0000b", "escaped": "not a nul: \\\\u0000"}'
+    resp = await stack.http.post(
+        url, content=body, headers={"Content-Type": "application/json", "X-Delivery-Id": "nul"}
+    )
+    assert resp.status_code == 202 and resp.json()["created"] == 1
+    [(payload,)] = stack.sql("SELECT payload FROM todos")
+    assert payload is None  # jsonb cannot hold NUL
+    [(raw,)] = stack.sql("SELECT payload FROM events")
+    assert bytes(raw) == body
+    clean = await stack.http.post(
+        url, content=b'{"escaped": "\\\\u0000"}', headers={"Content-Type": "application/json", "X-Delivery-Id": "esc"}
+    )
+    todo_id = clean.json()["todos"][0]["id"]
+    [(kept,)] = stack.sql("SELECT payload FROM todos WHERE id = %s", todo_id)
+    assert kept == {"escaped": "\\u0000"}
