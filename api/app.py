@@ -13,6 +13,7 @@ from temporalio.client import Client
 
 from api import admin, ingest, stream
 from api.agent import agent_router
+from api.clientaddr import ClientAddressMiddleware
 from api.deps import Services, services
 from api.doorbell import run_doorbell
 from api.errors import install_error_handlers
@@ -103,4 +104,6 @@ def create_app(settings: Settings, *, temporal: Client | None = None, sandbox: A
         json_prefixes=("/v1/", "/admin/"),
     )
     app.add_middleware(RequestLogMiddleware)
+    # Outermost, so the logs, the buckets and `source_ip` all see the same client address.
+    app.add_middleware(ClientAddressMiddleware, trusted=settings.trusted_proxies())
     return app

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Request
 from temporalio.client import Client
@@ -17,6 +17,10 @@ from store.rules import RuleStore
 from store.todos import TodoStore
 from store.webhooks import WebhookStore
 from switchboard.settings import Settings
+
+# Per-endpoint verb buckets: "agent" (todo and read verbs), "authoring" (rules, routes, collectors, dry-runs,
+# backtests), "webhook_admin" (create/rotate/delete of webhooks and schedules).
+RateClass = Literal["agent", "authoring", "webhook_admin"]
 
 
 @dataclass
@@ -32,6 +36,7 @@ class Services:
     rules: RuleStore
     ingest_limits: TokenBuckets
     agent_limits: TokenBuckets
+    authoring_limits: TokenBuckets
     webhook_admin_limits: TokenBuckets
     extras: dict[str, Any] = field(default_factory=dict)
     doorbell: DoorbellHub = field(default_factory=DoorbellHub)
@@ -52,10 +57,19 @@ class Services:
             rules=RuleStore(pool, webhooks),
             ingest_limits=TokenBuckets(settings.ingest_rate_per_second, settings.ingest_rate_burst),
             agent_limits=TokenBuckets(settings.agent_rate_per_second, settings.agent_rate_burst),
+            authoring_limits=TokenBuckets(settings.authoring_rate_per_second, settings.authoring_rate_burst),
             webhook_admin_limits=TokenBuckets(
                 settings.webhook_admin_rate_per_second, settings.webhook_admin_rate_burst
             ),
         )
+
+    def limits_for(self, rate_class: RateClass) -> TokenBuckets:
+        """The per-endpoint bucket map of a verb's rate class (HTTP and MCP both charge here)."""
+        if rate_class == "webhook_admin":
+            return self.webhook_admin_limits
+        if rate_class == "authoring":
+            return self.authoring_limits
+        return self.agent_limits
 
 
 def services(request: Request) -> Services:

@@ -20,8 +20,9 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 
+from api.bodies import read_capped
 from api.deps import services
-from api.ratelimit import retry_after
+from api.ratelimit import TokenBuckets, retry_after
 from routing.collectors import collector_config, delivery_kind
 from routing.delivery import CommitResult, DeliveryInput
 from routing.envelope import parse_payload
@@ -41,18 +42,32 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-async def _read_capped(request: Request, cap: int) -> bytes | None:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > cap:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
+class _AddressGate:
+    """The per-address bucket at ingest: it is charged only by refusals, and never refuses a verified delivery.
+
+    Every request that fails before or at verification (oversized body, malformed or unknown token, bad or
+    missing signature) spends one token of its client address's bucket; a verified delivery spends nothing.
+    An address whose bucket is empty (throttled) is refused with 429 + Retry-After instead of 404/401, checked
+    without spending, at the cheapest point: a malformed token before any lookup, an unknown token right after
+    the one indexed lookup, before any HMAC. A throttled address with a real token still gets its signature
+    checked (one HMAC over at most the body cap, the same work as reading the body) and a correctly signed
+    delivery is accepted as usual: GitHub sends every organisation's hooks from a few shared addresses, and
+    GitHub never redelivers. So a flood costs us at most one body read, one lookup and one HMAC per request
+    (bounded by the body cap), and while throttled it learns nothing: existing and unknown tokens, bad
+    signatures and guesses all answer the same 429.
+    """
+
+    def __init__(self, buckets: TokenBuckets, address: str) -> None:
+        self.buckets = buckets
+        self.address = address
+        self.throttled = buckets.wait(address)
+
+    def refuse(self, status: int, message: str) -> JSONResponse:
+        """Charge the address for a failed request; while it is throttled the answer is 429 whatever the cause."""
+        self.buckets.spend(self.address)
+        if self.throttled:
+            return _error(429, "rate limit exceeded", {"Retry-After": retry_after(self.throttled)})
+        return _error(status, message)
 
 
 @router.post(
@@ -64,18 +79,19 @@ async def _read_capped(request: Request, cap: int) -> bytes | None:
 async def ingest(ingest_token: str, request: Request) -> JSONResponse:
     svc = services(request)
     settings = svc.settings
+    # The real client address (api/clientaddr.py resolved X-Forwarded-For from trusted proxies only).
     client_ip = request.client.host if request.client else "unknown"
-    wait = svc.ingest_limits.take(client_ip)
-    if wait:
-        return _error(429, "rate limit exceeded", {"Retry-After": retry_after(wait)})
-    body = await _read_capped(request, settings.ingest_body_max)
+    gate = _AddressGate(svc.ingest_limits, client_ip)
+    body = await read_capped(request.receive, request.scope.get("headers", []), settings.ingest_body_max)
     if body is None:
-        return _error(413, "payload too large")
+        gate.buckets.spend(client_ip)
+        # Connection: close, so a client that sent more than we drained is not read as the next request.
+        return _error(413, "payload too large", {"Connection": "close"})
     if not _TOKEN.match(ingest_token):
-        return _error(404, "unknown webhook")
+        return gate.refuse(404, "unknown webhook")
     webhook = await svc.webhooks.get_for_ingest(ingest_token)
     if webhook is None or webhook.source_type in RESERVED_SOURCES:
-        return _error(404, "unknown webhook")
+        return gate.refuse(404, "unknown webhook")
 
     raw_headers = list(request.headers.items())
     headers = lower_headers(raw_headers)
@@ -94,8 +110,9 @@ async def ingest(ingest_token: str, request: Request) -> JSONResponse:
     except MissingSecret:
         return _error(503, "webhook is not ready to verify deliveries")
     if not verification.ok:
-        log.warning("delivery rejected", extra={"webhook_id": webhook.id, "detail": verification.detail})
-        return _error(401, "signature verification failed")
+        if not gate.throttled:  # a throttled flood is not logged line by line
+            log.warning("delivery rejected", extra={"webhook_id": webhook.id, "detail": verification.detail})
+        return gate.refuse(401, "signature verification failed")
 
     payload = parse_payload(body)
     if webhook.source_type == "slack" and _is_url_verification(payload):

@@ -159,8 +159,7 @@ class McpSurface:
         if verb.name not in caller.scope_verbs:
             return _error("forbidden", f"verb {verb.name} is not in this endpoint's allowlist")
         svc = _services(ctx)
-        limits = svc.webhook_admin_limits if verb.rate_class == "webhook_admin" else svc.agent_limits
-        wait = limits.take(caller.endpoint_id)
+        wait = svc.limits_for(verb.rate_class).take(caller.endpoint_id)
         if wait:
             after = int(retry_after(wait))
             return _error("rate_limited", f"rate limit exceeded; retry after {after}s", retry_after=after)

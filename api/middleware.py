@@ -8,8 +8,10 @@ import secrets
 import time
 from typing import Any
 
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.bodies import read_capped
 from api.deps import Services
 from api.ratelimit import retry_after
 from api.verbs import REGISTRY
@@ -106,25 +108,19 @@ class BodyLimitMiddleware:
         if scope["type"] != "http" or not scope.get("path", "").startswith(self.prefixes):
             await self.app(scope, receive, send)
             return
-        for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                await send_json(send, 413, {"error": {"code": "too_large", "message": "request body too large"}})
-                return
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                await send_json(send, 413, {"error": {"code": "too_large", "message": "request body too large"}})
-                return
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
+        try:
+            read = await read_capped(receive, scope.get("headers", []), self.limit)
+        except ClientDisconnect:
+            return
+        if read is None:
+            await send_json(
+                send,
+                413,
+                {"error": {"code": "too_large", "message": "request body too large"}},
+                [(b"connection", b"close")],
+            )
+            return
+        body = read
         if (
             scope.get("method") == "POST"
             and self.json_prefixes
@@ -201,12 +197,7 @@ class AgentAuthMiddleware:
                     },
                 )
                 return
-            limits = (
-                services.webhook_admin_limits
-                if verb is not None and verb.rate_class == "webhook_admin"
-                else services.agent_limits
-            )
-            wait = limits.take(caller.endpoint_id)
+            wait = services.limits_for(verb.rate_class if verb is not None else "agent").take(caller.endpoint_id)
             if wait:
                 await send_json(
                     send,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 import uvicorn
 
@@ -13,6 +14,13 @@ from switchboard.embedded import start_postgres, temporal_dev_server
 from switchboard.settings import Settings
 
 log = logging.getLogger("switchboard.dev")
+
+
+def server_config(app: Any, **options: Any) -> uvicorn.Config:
+    """uvicorn settings for every way we serve the API: uvicorn's own X-Forwarded-For handling (and its
+    FORWARDED_ALLOW_IPS, which trusts 127.0.0.1 by default) is off, so SWITCHBOARD_FORWARDED_ALLOW_IPS, applied by
+    api/clientaddr.py, is the one place that decides which proxies are believed."""
+    return uvicorn.Config(app, proxy_headers=False, forwarded_allow_ips="", **options)
 
 
 async def serve(settings: Settings, *, with_worker: bool = True) -> None:
@@ -26,7 +34,7 @@ async def serve(settings: Settings, *, with_worker: bool = True) -> None:
 
     if not with_worker:
         server = uvicorn.Server(
-            uvicorn.Config(create_app(settings), host=settings.http_host, port=settings.http_port, log_level="warning")
+            server_config(create_app(settings), host=settings.http_host, port=settings.http_port, log_level="warning")
         )
         await server.serve()
         return
@@ -37,7 +45,7 @@ async def serve(settings: Settings, *, with_worker: bool = True) -> None:
     sandbox = make_sandbox()
     worker = build_worker(client, pool, settings, sandbox=sandbox)
     server = uvicorn.Server(
-        uvicorn.Config(
+        server_config(
             create_app(settings, temporal=client, sandbox=sandbox),
             host=settings.http_host,
             port=settings.http_port,

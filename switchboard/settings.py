@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_networks(value: str) -> tuple[Network, ...]:
+    """Comma-separated IPs and CIDRs; anything else raises ValueError (a broken setting refuses to start)."""
+    networks: list[Network] = []
+    for item in value.split(","):
+        item = item.strip()
+        if item:
+            networks.append(ipaddress.ip_network(item, strict=False))
+    return tuple(networks)
 
 
 class Settings(BaseSettings):
@@ -29,17 +42,36 @@ class Settings(BaseSettings):
     ingest_body_max: int = 1024 * 1024
     agent_body_max: int = 1024 * 1024
     ingest_wait_seconds: float = 10.0
+    # Per client address, charged only by requests refused before or at verification (api/ingest.py).
     ingest_rate_per_second: float = 10.0
     ingest_rate_burst: int = 20
-    agent_rate_per_second: float = 20.0
-    agent_rate_burst: int = 40
+    # Todo and read verbs, per endpoint: they protect the store, they do not pace a fleet (16 workers on one
+    # lane endpoint each claim, heartbeat and complete: about 3 calls per todo at the claim floor's rate).
+    agent_rate_per_second: float = 200.0
+    agent_rate_burst: int = 400
+    # Rule, route, collector and dry-run/backtest verbs, per endpoint: an owner saving in a row is not churn.
+    authoring_rate_per_second: float = 10.0
+    authoring_rate_burst: int = 30
+    # create/rotate/delete webhook and schedule, per endpoint: tight, as SPEC-0006 asks.
     webhook_admin_rate_per_second: float = 1.0
     webhook_admin_rate_burst: int = 5
+    # Comma-separated IPs/CIDRs of reverse proxies whose X-Forwarded-For is believed; empty trusts none.
+    forwarded_allow_ips: str = ""
     db_pool_max: int = 10
     api_worker: bool = True
     eager_start: bool = True
     evaluate_locally: bool = False
     log_level: str = "INFO"
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _valid_networks(cls, value: str) -> str:
+        parse_networks(value)  # a malformed proxy list refuses to start rather than trusting something else
+        return value
+
+    def trusted_proxies(self) -> tuple[Network, ...]:
+        """The parsed SWITCHBOARD_FORWARDED_ALLOW_IPS."""
+        return parse_networks(self.forwarded_allow_ips)
 
     def base_url(self) -> str:
         """Base URL used to build ingest URLs."""

@@ -91,6 +91,7 @@ def make_settings(tmp_path: Path, database_url: str, temporal_address: str | Non
         public_url="http://testserver",
         ingest_rate_per_second=0,
         agent_rate_per_second=0,
+        authoring_rate_per_second=0,
         webhook_admin_rate_per_second=0,
         ingest_wait_seconds=20,
     )
@@ -216,10 +217,12 @@ async def serving(app: Any) -> AsyncIterator[str]:
 
     import uvicorn
 
+    from switchboard.dev import server_config
+
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, lifespan="off", log_level="warning", timeout_graceful_shutdown=3)
+    config = server_config(app, lifespan="off", log_level="warning", timeout_graceful_shutdown=3)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

@@ -38,7 +38,7 @@ class ConfigureWebhookOutput(BaseModel):
     output=ConfigureWebhookOutput,
     family="webhooks",
     summary="Configure a webhook's collector: kind rule, optional HMAC (secret shown once), subject path.",
-    rate_class="webhook_admin",
+    rate_class="authoring",
 )
 async def configure_webhook(ctx: Context, data: ConfigureWebhookInput) -> ConfigureWebhookOutput:
     store = CollectorStore(ctx.services.pool, ctx.services.webhooks.box)

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from api.deps import Services
+from api.deps import RateClass, Services
 from store.models import Caller
 
 
@@ -39,7 +39,7 @@ class Verb:
     family: str
     summary: str
     handler: Handler
-    rate_class: str = "agent"
+    rate_class: RateClass = "agent"
 
 
 REGISTRY: dict[str, Verb] = {}
@@ -54,7 +54,7 @@ def verb(
     output: type[BaseModel],
     family: str,
     summary: str,
-    rate_class: str = "agent",
+    rate_class: RateClass = "agent",
 ) -> Callable[[F], F]:
     """Register a handler as a verb; adding a verb is this one decorator."""
 

@@ -53,6 +53,7 @@ def _store(ctx: Context) -> RouteStore:
     output=RouteChangeOutput,
     family="webhooks",
     summary="Fan a webhook out to another endpoint of yours or of a human who approved your deliveries.",
+    rate_class="authoring",
 )
 async def add_webhook_route(ctx: Context, data: RouteInput) -> RouteChangeOutput:
     done = await _store(ctx).add(ctx.caller, data.webhook_id, data.target_endpoint_id)
@@ -77,6 +78,7 @@ async def list_webhook_routes(ctx: Context, data: ListRoutesInput) -> ListRoutes
     output=RouteChangeOutput,
     family="webhooks",
     summary="Stop fanning a webhook out to an endpoint; a no-op for the owner or a route already gone.",
+    rate_class="authoring",
 )
 async def remove_webhook_route(ctx: Context, data: RouteInput) -> RouteChangeOutput:
     done = await _store(ctx).remove(ctx.caller, data.webhook_id, data.target_endpoint_id)

@@ -400,7 +400,7 @@ async def list_webhook_rules(ctx: Context, data: WebhookInput) -> RulesOutput:
     output=RulesOutput,
     family=FAMILY,
     summary="Replace a webhook's rules, default action and params together (omitted params are cleared).",
-    rate_class="webhook_admin",
+    rate_class="authoring",
 )
 async def set_webhook_rules(ctx: Context, data: SetRulesInput) -> RulesOutput:
     def edit(current: RuleConfig) -> Candidate:
@@ -415,7 +415,7 @@ async def set_webhook_rules(ctx: Context, data: SetRulesInput) -> RulesOutput:
     output=AddRuleOutput,
     family=FAMILY,
     summary="Insert one rule (at position, default the end); the id is minted when omitted.",
-    rate_class="webhook_admin",
+    rate_class="authoring",
 )
 async def add_webhook_rule(ctx: Context, data: AddRuleInput) -> AddRuleOutput:
     placed: list[int] = []
@@ -439,7 +439,7 @@ async def add_webhook_rule(ctx: Context, data: AddRuleInput) -> AddRuleOutput:
     output=RulesOutput,
     family=FAMILY,
     summary="Change fields of one rule by id; the list is re-validated in full.",
-    rate_class="webhook_admin",
+    rate_class="authoring",
 )
 async def update_webhook_rule(ctx: Context, data: UpdateRuleInput) -> RulesOutput:
     def edit(current: RuleConfig) -> Candidate:
@@ -464,7 +464,7 @@ async def update_webhook_rule(ctx: Context, data: UpdateRuleInput) -> RulesOutpu
     output=RulesOutput,
     family=FAMILY,
     summary="Move one rule to a new index (first match wins, so order is meaning).",
-    rate_class="webhook_admin",
+    rate_class="authoring",
 )
 async def move_webhook_rule(ctx: Context, data: MoveRuleInput) -> RulesOutput:
     def edit(current: RuleConfig) -> Candidate:
@@ -486,7 +486,7 @@ async def move_webhook_rule(ctx: Context, data: MoveRuleInput) -> RulesOutput:
     output=RemoveRuleOutput,
     family=FAMILY,
     summary="Remove one rule by id; removing an absent rule succeeds.",
-    rate_class="webhook_admin",
+    rate_class="authoring",
 )
 async def remove_webhook_rule(ctx: Context, data: RemoveRuleInput) -> RemoveRuleOutput:
     store = ctx.services.rules
@@ -511,6 +511,7 @@ async def remove_webhook_rule(ctx: Context, data: RemoveRuleInput) -> RemoveRule
     output=DryRunOutput,
     family=FAMILY,
     summary="Dry-run saved or candidate rules on a sample payload or a stored event; nothing is saved.",
+    rate_class="authoring",
 )
 async def test_webhook_rules(ctx: Context, data: DryRunInput) -> DryRunOutput:
     has_payload = "payload" in data.model_fields_set
@@ -543,7 +544,7 @@ async def test_webhook_rules(ctx: Context, data: DryRunInput) -> DryRunOutput:
     output=BacktestOutput,
     family=FAMILY,
     summary="Replay saved or candidate rules over the webhook's recent events; report what would change.",
-    rate_class="webhook_admin",
+    rate_class="authoring",
 )
 async def backtest_webhook_rules(ctx: Context, data: BacktestInput) -> BacktestOutput:
     store = ctx.services.rules

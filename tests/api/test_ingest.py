@@ -127,21 +127,6 @@ async def test_route_to_second_endpoint_of_same_human_mints_one_todo_per_target(
     assert (await second.ok("claim_next", {}))["todo"]["id"] == todos[1]["id"]
 
 
-async def test_ingest_rate_limit_answers_429_with_retry_after(stack: Stack) -> None:
-    from api.ratelimit import TokenBuckets
-
-    services = stack.http._transport.app.state.services  # type: ignore[attr-defined]
-    services.ingest_limits = TokenBuckets(rate=0.5, burst=2)
-    agent = await stack.agent()
-    webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
-    codes = [(await post_github(stack.http, webhook, issue_payload(number=n))).status_code for n in range(3)]
-    assert codes == [202, 202, 429]
-    limited = await post_github(stack.http, webhook, issue_payload(number=9))
-    assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
-    assert limited.json() == {"error": "rate limit exceeded"}
-    assert stack.sql("SELECT count(*) FROM events")[0][0] == 2
-
-
 async def test_a_revoked_owner_leaves_no_target_and_the_producer_retries(stack: Stack) -> None:
     agent = await stack.agent()
     webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
