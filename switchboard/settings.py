@@ -45,10 +45,11 @@ class Settings(BaseSettings):
     # Per client address, charged only by requests refused before or at verification (api/ingest.py).
     ingest_rate_per_second: float = 10.0
     ingest_rate_burst: int = 20
-    # Todo and read verbs, per endpoint: they protect the store, they do not pace a fleet (16 workers on one
-    # lane endpoint each claim, heartbeat and complete: about 3 calls per todo at the claim floor's rate).
-    agent_rate_per_second: float = 200.0
-    agent_rate_burst: int = 400
+    # Todo and read verbs, per endpoint: they protect the store, they do not pace a fleet. 16 workers on one
+    # lane endpoint made 100-180 calls/s through one API process on a 2-core machine (2 calls per todo); 500/s
+    # leaves room for faster hosts and still caps a runaway client at a third of the store's bare claim rate.
+    agent_rate_per_second: float = 500.0
+    agent_rate_burst: int = 1000
     # Rule, route, collector and dry-run/backtest verbs, per endpoint: an owner saving in a row is not churn.
     authoring_rate_per_second: float = 10.0
     authoring_rate_burst: int = 30
