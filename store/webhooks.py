@@ -26,7 +26,7 @@ _WEBHOOK_COLUMNS = (
 _GRANT_SQL = """
 WITH w AS (
     SELECT w.id, w.endpoint_id, w.source_type, w.target_queue, w.routing_rules, w.routing_default_action,
-           w.routing_params, w.config, e.webhook_queues, a.owner_human_id AS human_id
+           w.routing_params, w.routing_on_fault, w.config, e.webhook_queues, a.owner_human_id AS human_id
     FROM endpoint_webhooks w
     JOIN endpoints e ON e.id = w.endpoint_id
     JOIN agents a ON a.id = e.agent_id
@@ -156,6 +156,7 @@ class WebhookStore:
             rules=list(row["routing_rules"] or []),
             default_action=row["routing_default_action"],
             params=row["routing_params"],
+            on_fault=row["routing_on_fault"],
             subject_path=((row["config"] or {}).get("collector") or {}).get("subject_path"),
         )
 
