@@ -88,7 +88,7 @@ class RouteDelivery:
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=STORE_RETRY,
             )
-        except ActivityError as err:
+        except (ActivityError, ApplicationError) as err:
             refused = _refusal(err)
             if refused is None or not workflow.patched(COMMIT_FAULT_PATCH):
                 raise
@@ -120,7 +120,7 @@ class RouteDelivery:
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=STORE_RETRY,
             )
-        except ActivityError as err:
+        except (ActivityError, ApplicationError) as err:
             again = _refusal(err)
             if again is None:
                 raise
@@ -134,9 +134,13 @@ class RouteDelivery:
             )
 
 
-def _refusal(err: ActivityError) -> ApplicationError | None:
+def _refusal(err: BaseException) -> ApplicationError | None:
     """The store's deterministic refusal behind an activity failure, if that is what it was."""
-    cause = err.cause
-    if isinstance(cause, ApplicationError) and cause.type == STORE_REJECTED:
-        return cause
+    # A regular activity's failure arrives as ActivityError(cause=ApplicationError); a local activity's as the
+    # ApplicationError itself. Either way the activity's own ApplicationError carries the type.
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, ApplicationError) and seen.type == STORE_REJECTED:
+            return seen
+        seen = seen.cause if isinstance(seen, ActivityError | ApplicationError) else None
     return None
