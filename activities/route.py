@@ -41,6 +41,8 @@ class RouteActivities:
             return LoadGrantResult(grant=await self.webhooks.load_grant(data.webhook_id))
         except NotFound:
             return LoadGrantResult(grant=None)
+        except DomainError as exc:
+            raise application_error(exc, "load grant", data.webhook_id) from exc
 
     @activity.defn(name="evaluate_rules")
     async def evaluate_rules(self, data: EvaluateInput) -> Evaluation:

@@ -11,7 +11,15 @@ from psycopg.types.json import Jsonb
 from routing.models import RESERVED_SOURCES, TRUST_BY_SOURCE, Grant, Target
 from store.crypto import SecretBox
 from store.db import Pool
-from store.errors import CeilingExceeded, Conflict, Forbidden, ForbiddenSourceType, InvalidArgument, NotFound
+from store.errors import (
+    CeilingExceeded,
+    Conflict,
+    Forbidden,
+    ForbiddenSourceType,
+    InvalidArgument,
+    NotFound,
+    translates_errors,
+)
 from store.ids import new_id, new_ingest_token, new_webhook_secret
 from store.models import Caller, IngestWebhook, Webhook
 
@@ -131,6 +139,7 @@ class WebhookStore:
         )
         return IngestWebhook(secret=secret, collector_secret=collector_secret, **row)
 
+    @translates_errors
     async def load_grant(self, webhook_id: str) -> Grant:
         """The webhook's configuration and live targets, recomputed for one delivery."""
         async with self.pool.connection() as conn:
