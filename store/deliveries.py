@@ -121,7 +121,10 @@ def _event_row(
     storable: bool = False,
 ) -> dict[str, Any]:
     """Parameters of _INSERT_EVENT; with storable, producer-derived text is made something PostgreSQL accepts."""
-    text = _storable if storable else (lambda v: v)
+
+    def text(value: str | None) -> str | None:
+        return _storable(value) if storable else value
+
     headers = {text(k) or "": text(v) or "" for k, v in d.headers.items()}
     return {
         "id": event_id,
