@@ -66,6 +66,7 @@ def build_worker(
             route.load_grant,
             route.evaluate_rules,
             route.commit_delivery,
+            route.commit_faulted,
             upkeep.reap_todos,
             upkeep.prune_retention,
             schedules.prepare_fire,

@@ -57,6 +57,16 @@ class CommitInput(BaseModel):
     workflow_id: str | None = None
 
 
+class FaultCommitInput(BaseModel):
+    """A delivery whose commit failed deterministically: store it as faulted with the error, nothing else."""
+
+    delivery: DeliveryInput
+    error_type: str
+    error_message: str
+    faults: list[dict[str, Any]] = Field(default_factory=list)
+    workflow_id: str | None = None
+
+
 class TodoRef(BaseModel):
     """One todo a delivery produced (or found, on a redelivery)."""
 
@@ -76,6 +86,7 @@ class CommitResult(BaseModel):
     duplicate: bool = False
     dropped: bool = False
     repeat: bool = False
+    faulted: bool = False  # on_fault "hold" stopped at a fault, or the commit failed deterministically
     verified: bool = False
     trust_mode: str = ""
     disposition: str = "routed"
@@ -96,4 +107,6 @@ class CommitResult(BaseModel):
             body["dropped"] = True
         if self.repeat:
             body["repeat"] = True
+        if self.faulted:
+            body["faulted"] = True
         return body

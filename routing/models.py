@@ -17,6 +17,11 @@ TRUST_BY_SOURCE: dict[str, str] = {
 SOURCE_TYPES = tuple(TRUST_BY_SOURCE)
 RESERVED_SOURCES = ("schedule",)
 
+OnFault = Literal["continue", "hold"]
+# "continue": a faulted rule is a no-match (SPEC-0020). "hold": any fault stops evaluation and the event is
+# stored as faulted, minting nothing, so owners who gate trust with drop rules fail closed.
+ON_FAULT_VALUES: tuple[str, ...] = ("continue", "hold")
+
 
 class Target(BaseModel):
     """One live delivery target of a webhook, with the scope queues read from switchboard state."""
@@ -39,6 +44,7 @@ class Grant(BaseModel):
     default_action: dict[str, Any] | None = None
     params: dict[str, Any] | None = None
     subject_path: str | None = None  # the webhook's coalescing subject path (configure_webhook)
+    on_fault: OnFault = "continue"
 
     def queues(self) -> list[str]:
         """Queues a rule may name: the target queue plus the owner's allowed webhook queues."""
@@ -73,7 +79,7 @@ class Delivery(BaseModel):
 class Decision(BaseModel):
     """The router's verdict for one delivery, applied by the commit activity."""
 
-    disposition: Literal["routed", "dropped"]
+    disposition: Literal["routed", "dropped", "faulted"]
     deliveries: list[Delivery] = Field(default_factory=list)
     trace: dict[str, Any]
     once_key: str | None = None

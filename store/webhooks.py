@@ -11,7 +11,15 @@ from psycopg.types.json import Jsonb
 from routing.models import RESERVED_SOURCES, TRUST_BY_SOURCE, Grant, Target
 from store.crypto import SecretBox
 from store.db import Pool
-from store.errors import CeilingExceeded, Conflict, Forbidden, ForbiddenSourceType, InvalidArgument, NotFound
+from store.errors import (
+    CeilingExceeded,
+    Conflict,
+    Forbidden,
+    ForbiddenSourceType,
+    InvalidArgument,
+    NotFound,
+    translates_errors,
+)
 from store.ids import new_id, new_ingest_token, new_webhook_secret
 from store.models import Caller, IngestWebhook, Webhook
 
@@ -26,7 +34,7 @@ _WEBHOOK_COLUMNS = (
 _GRANT_SQL = """
 WITH w AS (
     SELECT w.id, w.endpoint_id, w.source_type, w.target_queue, w.routing_rules, w.routing_default_action,
-           w.routing_params, w.config, e.webhook_queues, a.owner_human_id AS human_id
+           w.routing_params, w.routing_on_fault, w.config, e.webhook_queues, a.owner_human_id AS human_id
     FROM endpoint_webhooks w
     JOIN endpoints e ON e.id = w.endpoint_id
     JOIN agents a ON a.id = e.agent_id
@@ -131,6 +139,7 @@ class WebhookStore:
         )
         return IngestWebhook(secret=secret, collector_secret=collector_secret, **row)
 
+    @translates_errors
     async def load_grant(self, webhook_id: str) -> Grant:
         """The webhook's configuration and live targets, recomputed for one delivery."""
         async with self.pool.connection() as conn:
@@ -156,6 +165,7 @@ class WebhookStore:
             rules=list(row["routing_rules"] or []),
             default_action=row["routing_default_action"],
             params=row["routing_params"],
+            on_fault=row["routing_on_fault"],
             subject_path=((row["config"] or {}).get("collector") or {}).get("subject_path"),
         )
 

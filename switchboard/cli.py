@@ -103,6 +103,9 @@ def load_pack(pack: str, params_file: str | None = None, params: list[str] | Non
     body: dict[str, Any] = {"rules": loaded["rules"]}
     if loaded.get("default_action") is not None:
         body["default_action"] = loaded["default_action"]
+    if loaded.get("on_fault") is not None:
+        # The shipped packs hold on a fault: a gate that cannot be evaluated must not let a delivery past it.
+        body["on_fault"] = loaded["on_fault"]
     values = loaded.get("params")
     if params_file is not None:
         values = json.loads(Path(params_file).read_text())
