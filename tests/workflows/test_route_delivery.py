@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -22,7 +21,7 @@ from routing.delivery import CommitResult
 from store.db import open_pool
 from switchboard.embedded import search_attribute_args, temporal_cli
 from tests.conftest import Stack, running_stack
-from tests.helpers import issue_payload, post_github
+from tests.helpers import eventually, issue_payload, post_github
 from worker import build_worker
 from workflows.route_delivery import RouteDelivery
 from workflows.upkeep import ReapTodos
@@ -73,9 +72,15 @@ async def test_worker_killed_mid_delivery_still_ends_with_exactly_one_todo(
             resp = await post_github(stack.http, webhook, issue_payload(), delivery="crash-1")
             assert resp.status_code == 202 and resp.json()["pending"] is True
             workflow_id = resp.json()["workflow_id"]
-            await asyncio.sleep(1.5)  # the worker is now inside the (delayed) commit
+            handle = client.get_workflow_handle(workflow_id)
+
+            async def task_started() -> bool:
+                history = await handle.fetch_history()
+                return any(e.HasField("workflow_task_started_event_attributes") for e in history.events)
+
+            await eventually(task_started)  # the worker now runs the workflow task and its (delayed) commit
+            await eventually(lambda: (tmp_path / "worker-home" / "worker.alive").exists())  # the health signal
             assert stack.sql("SELECT count(*) FROM events")[0][0] == 0
-            assert (tmp_path / "worker-home" / "worker.alive").exists()  # the container health check's signal
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
