@@ -126,7 +126,9 @@ _FIELD_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 _NUMBER: Final = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _FORMAT: Final = re.compile(r"@[A-Za-z0-9_]+")
 _WHITESPACE: Final = frozenset(" \t\r\n")
-_OPERATORS: Final = ("?//", "//=", "|=", "+=", "-=", "*=", "/=", "%=", "==", "!=", "<=", ">=", "//", "..")
+_OPERATOR: Final = re.compile(r"\?//|//=|\|=|\+=|-=|\*=|/=|%=|==|!=|<=|>=|//|\.\.|.", re.DOTALL)
+# Interpolations nest by recursion; far deeper than any rule needs, far below Python's recursion limit.
+MAX_INTERPOLATION_DEPTH: Final = 64
 _OPENERS: Final = {"(": ")", "[": "]", "{": "}"}
 
 
@@ -137,6 +139,7 @@ class _Lexer:
         self.text = text
         self.pos = 0
         self.tokens: list[Token] = []
+        self.interpolation_depth = 0
 
     def run(self) -> list[Token]:
         self._code(interpolation=False)
@@ -203,7 +206,9 @@ class _Lexer:
                 word = match.group()
                 self.tokens.append(Token("keyword" if word in KEYWORDS else "ident", word, start))
             else:
-                op = next((o for o in _OPERATORS if text.startswith(o, self.pos)), ch)
+                op_match = _OPERATOR.match(text, self.pos)
+                assert op_match is not None
+                op = op_match.group()
                 if op in _OPENERS:
                     open_brackets.append(_OPENERS[op])
                 elif op in ")]}":
@@ -231,9 +236,13 @@ class _Lexer:
                 self.pos += 1
                 return
             if ch == "\\" and text.startswith("(", self.pos + 1):
+                if self.interpolation_depth >= MAX_INTERPOLATION_DEPTH:
+                    raise JqLexError(f"string interpolations nested more than {MAX_INTERPOLATION_DEPTH} deep")
                 self.tokens.append(Token("interp_start", "\\(", self.pos))
                 self.pos += 2
+                self.interpolation_depth += 1
                 self._code(interpolation=True)
+                self.interpolation_depth -= 1
                 self.tokens.append(Token("interp_end", ")", self.pos))
                 self.pos += 1
                 continue
@@ -290,15 +299,18 @@ def _pattern(tokens: Sequence[Token], i: int, bound: set[int]) -> int:
     end = _group_end(tokens, i)
     # Only variables at pattern level bind; inside a "(key expression)", a string or an interpolation
     # they are references.
-    groups: list[Token] = []
+    code_groups: list[bool] = []  # per open group: is it code (not a "[" or "{" of the pattern itself)?
+    in_code = 0
     for j in range(i, end):
         tok = tokens[j]
-        if tok.kind == "var" and all(g.kind == "op" and g.value in "[{" for g in groups):
+        if tok.kind == "var" and in_code == 0:
             bound.add(j)
         if _opens(tok):
-            groups.append(tok)
-        elif _closes(tok) and groups:
-            groups.pop()
+            is_code = in_code > 0 or not (tok.kind == "op" and tok.value in "[{")
+            code_groups.append(is_code)
+            in_code += is_code
+        elif _closes(tok) and code_groups:
+            in_code -= code_groups.pop()
     return end
 
 

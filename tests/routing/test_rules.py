@@ -203,7 +203,15 @@ def test_invalid_expressions(expr: str) -> None:
 
 @pytest.mark.parametrize(
     "expr",
-    ["$__loc__", "{$__loc__}", "$__loc__.line", "$__prog_args", "$__sbx_start", ". as $__tmp | true", "def f($__a): 1; f(1)"],
+    [
+        "$__loc__",
+        "{$__loc__}",
+        "$__loc__.line",
+        "$__prog_args",
+        "$__sbx_start",
+        ". as $__tmp | true",
+        "def f($__a): 1; f(1)",
+    ],
 )
 def test_libjq_and_reserved_variables_are_undefined(expr: str) -> None:
     """SPEC-0020: undefined variables (e.g. $__loc__) fail to compile; libjq binds $__loc__ itself, so the
