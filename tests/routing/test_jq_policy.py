@@ -528,3 +528,26 @@ async def test_the_child_process_agrees_with_save_time(pool: SandboxPool, expr: 
     else:
         assert [(f.rule_index, f.cause) for f in result.faults] == [(0, "compile_error")], (expr, result)
         assert result.matched_index == 1
+
+
+def test_the_policy_module_imports_only_the_standard_library() -> None:
+    """The child must stay free of third-party imports: load the module by path as it does, under -I."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(jq_policy.__file__)
+    code = (
+        "import importlib.util, sys\n"
+        "before = set(sys.modules)\n"
+        f"spec = importlib.util.spec_from_file_location('routing.jq_policy', {str(path)!r})\n"
+        "module = importlib.util.module_from_spec(spec); sys.modules[spec.name] = module\n"
+        "spec.loader.exec_module(module)\n"
+        "assert module.verdict('{env}') is None and module.verdict('env') is not None\n"
+        "new = set(sys.modules) - before\n"
+        "extra = sorted(n for n in new if n.split('.')[0] not in sys.stdlib_module_names)\n"
+        "print(extra)\n"
+        "sys.exit(0 if extra == ['routing.jq_policy'] else 1)\n"
+    )
+    done = subprocess.run([sys.executable, "-I", "-B", "-c", code], capture_output=True, text=True, env={})
+    assert done.returncode == 0, done.stdout + done.stderr
