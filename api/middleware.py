@@ -11,8 +11,10 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.deps import Services
+from api.errors import UNAVAILABLE_BODY
 from api.ratelimit import retry_after
 from api.verbs import REGISTRY
+from store.db import UNAVAILABLE_ERRORS
 from store.errors import Unauthenticated
 
 log = logging.getLogger("switchboard.http")
@@ -185,6 +187,9 @@ class AgentAuthMiddleware:
                 {"error": {"code": "unauthenticated", "message": exc.message}},
                 [(b"www-authenticate", b"Bearer")],
             )
+            return
+        except UNAVAILABLE_ERRORS:
+            await send_json(send, 503, UNAVAILABLE_BODY)
             return
         if path.startswith("/v1/"):
             name = path[len("/v1/") :]

@@ -17,6 +17,18 @@ TRUST_BY_SOURCE: dict[str, str] = {
 SOURCE_TYPES = tuple(TRUST_BY_SOURCE)
 RESERVED_SOURCES = ("schedule",)
 
+# The longest a producer of each source may wait for its answer (ours), inside its own window: Slack gives up
+# after 3 s, Gitea after 5 s (its DELIVER_TIMEOUT default). Others get SWITCHBOARD_INGEST_WAIT_SECONDS.
+INGEST_WAIT_CAP_SECONDS: dict[str, float] = {
+    "slack": 2.5,
+    "gitea": 4.0,
+}
+
+
+def ingest_wait_seconds(source: str, default: float) -> float:
+    """How long the receiver may wait for a delivery of this source before answering pending."""
+    return min(default, INGEST_WAIT_CAP_SECONDS.get(source, default))
+
 
 class Target(BaseModel):
     """One live delivery target of a webhook, with the scope queues read from switchboard state."""
