@@ -73,9 +73,15 @@ async def test_worker_killed_mid_delivery_still_ends_with_exactly_one_todo(
             resp = await post_github(stack.http, webhook, issue_payload(), delivery="crash-1")
             assert resp.status_code == 202 and resp.json()["pending"] is True
             workflow_id = resp.json()["workflow_id"]
-            await asyncio.sleep(1.5)  # the worker is now inside the (delayed) commit
+            # Polled, not slept: on a loaded machine the worker process can take seconds to come up.
+            alive = tmp_path / "worker-home" / "worker.alive"
+            for _ in range(300):
+                if alive.exists():
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)  # the worker is now inside the (delayed) commit
             assert stack.sql("SELECT count(*) FROM events")[0][0] == 0
-            assert (tmp_path / "worker-home" / "worker.alive").exists()  # the container health check's signal
+            assert alive.exists()  # the container health check's signal
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
