@@ -319,3 +319,37 @@ async def test_a_webhook_rate_defers_into_the_inbox_and_the_relay_releases_at_th
     await stack.admin("set_webhook_rate", {"webhook_id": webhook["webhook_id"], "rate_per_second": None})
     free = await post_github(stack.http, webhook, issue_payload(number=9), delivery="free-9")
     assert free.json()["created"] == 1
+
+
+async def test_a_worker_process_relays_the_inbox(stack: Stack, temporal_env: WorkflowEnvironment) -> None:
+    import subprocess
+    import sys
+
+    agent = await stack.agent()
+    webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
+    stack.app.state.services.temporal = await unreachable_client()
+    for i in range(3):
+        resp = await post_github(stack.http, webhook, issue_payload(number=i), delivery=f"proc-{i}")
+        assert resp.status_code == 202 and resp.json()["pending"] is True
+    assert count(stack, "delivery_inbox") == 3
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "SWITCHBOARD_DATABASE_URL": stack.database_url,
+        "SWITCHBOARD_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "SWITCHBOARD_TASK_QUEUE": stack.settings.task_queue,
+        "SWITCHBOARD_SECRET_KEY": stack.settings.secret_key or "",
+        "SWITCHBOARD_ADMIN_TOKEN": stack.settings.admin_token or "",
+        "SWITCHBOARD_HOME": str(stack.settings.home.parent / "relay-worker"),
+    }
+    # `switchboard worker` as its own OS process: its relay, not this test's, drains the inbox.
+    proc = subprocess.Popen([sys.executable, "-m", "switchboard.cli", "worker"], env=env)
+    try:
+        await eventually(lambda: count(stack, "events") == 3 and count(stack, "delivery_inbox") == 0, timeout=90)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert count(stack, "todos") == 3
