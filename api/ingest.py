@@ -26,7 +26,7 @@ from store.db import UNAVAILABLE_ERRORS
 from store.inbox import InboxReason
 from store.models import IngestWebhook
 from switchboard.settings import Settings
-from switchboard.temporal import start_delivery
+from switchboard.temporal import is_outage, start_delivery
 from workflows.route_delivery import workflow_id_for
 
 log = logging.getLogger("switchboard.ingest")
@@ -197,7 +197,8 @@ async def start_and_wait(request: Request, delivery: DeliveryInput, *, rate: flo
                 handle, started = await start_delivery(svc.temporal, delivery, settings)
         except Exception as exc:
             # Possibly taken after all (a frozen server answers late): the relay's start then joins that run.
-            svc.admission.start_failed()
+            if is_outage(exc):
+                svc.admission.start_failed()
             log.warning(
                 "Temporal did not take the start in time",
                 extra={"workflow_id": workflow_id, "error": f"{type(exc).__name__}: {exc}"[:300]},

@@ -15,34 +15,15 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from temporalio.client import Client
-from temporalio.service import RPCError, RPCStatusCode
 
 from store.db import UNAVAILABLE_ERRORS
 from store.inbox import InboxRow, InboxStore
 from switchboard.settings import Settings
-from switchboard.temporal import start_delivery
+from switchboard.temporal import is_outage, start_delivery
 
 log = logging.getLogger("switchboard.relay")
 
-# Temporal itself is not answering (as opposed to refusing this one start): back off as a whole.
-_OUTAGE_CODES = frozenset(
-    {
-        RPCStatusCode.UNAVAILABLE,
-        RPCStatusCode.DEADLINE_EXCEEDED,
-        RPCStatusCode.CANCELLED,
-        RPCStatusCode.RESOURCE_EXHAUSTED,
-        RPCStatusCode.UNKNOWN,
-    }
-)
 _ROW_RETRY_MAX = 300.0  # a start Temporal refuses (not an outage) is retried at most this far apart
-
-
-def is_outage(exc: BaseException) -> bool:
-    """Whether a failed start means Temporal is unreachable or overloaded, rather than refusing this start."""
-    if isinstance(exc, RPCError):
-        return exc.status in _OUTAGE_CODES
-    # Timeouts, and a lazy client that cannot connect (RuntimeError from the bridge).
-    return isinstance(exc, (TimeoutError, RuntimeError, ConnectionError, OSError))
 
 
 @dataclass

@@ -24,6 +24,7 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.models import UpkeepInput
 from routing.delivery import CommitResult, DeliveryInput
@@ -121,3 +122,23 @@ def started_run(handle: WorkflowHandle[Any, Any]) -> bool:
     """
     response = getattr(handle, "_start_workflow_response", None)
     return bool(getattr(response, "started", True))
+
+
+# Temporal itself is not answering (as opposed to refusing one start).
+_OUTAGE_CODES = frozenset(
+    {
+        RPCStatusCode.UNAVAILABLE,
+        RPCStatusCode.DEADLINE_EXCEEDED,
+        RPCStatusCode.CANCELLED,
+        RPCStatusCode.RESOURCE_EXHAUSTED,
+        RPCStatusCode.UNKNOWN,
+    }
+)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether a failed start means Temporal is unreachable or overloaded, rather than refusing this start."""
+    if isinstance(exc, RPCError):
+        return exc.status in _OUTAGE_CODES
+    # Timeouts, and a lazy client that cannot connect (RuntimeError from the bridge).
+    return isinstance(exc, (TimeoutError, RuntimeError, ConnectionError, OSError))
