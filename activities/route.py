@@ -70,7 +70,8 @@ class RouteActivities:
             # Fault injection for crash tests only (SWITCHBOARD_FAULT_COMMIT_DELAY); zero in production.
             await asyncio.sleep(self.commit_delay)
         try:
-            return await self.deliveries.commit(data)
+            # The run id comes from the activity's own context, so the workflow's input to it stays unchanged.
+            return await self.deliveries.commit(data.model_copy(update={"run_id": activity.info().workflow_run_id}))
         except DomainError as exc:
             raise application_error(exc, "commit", data.delivery.webhook_id) from exc
 

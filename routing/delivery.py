@@ -55,6 +55,8 @@ class CommitInput(BaseModel):
     delivery: DeliveryInput
     decision: Decision
     workflow_id: str | None = None
+    # The RouteDelivery run committing; stored on the event so a retry of this commit recognises its own work.
+    run_id: str | None = None
 
 
 class FaultCommitInput(BaseModel):
@@ -91,6 +93,13 @@ class CommitResult(BaseModel):
     trust_mode: str = ""
     disposition: str = "routed"
     rule_id: str | None = None
+
+    def joined(self) -> CommitResult:
+        """The outcome as a redelivery that joined another call's run reports it: nothing created by it."""
+        if self.status != "committed":
+            return self
+        todos = [t.model_copy(update={"created": False}) for t in self.todos]
+        return self.model_copy(update={"duplicate": True, "created": 0, "todos": todos})
 
     def response_body(self) -> dict[str, Any]:
         """The documented 202 body; never echoes the trace."""

@@ -21,6 +21,17 @@ OnFault = Literal["continue", "hold"]
 # "continue": a faulted rule is a no-match (SPEC-0020). "hold": any fault stops evaluation and the event is
 # stored as faulted, minting nothing, so owners who gate trust with drop rules fail closed.
 ON_FAULT_VALUES: tuple[str, ...] = ("continue", "hold")
+# The longest a producer of each source may wait for its answer (ours), inside its own window: Slack gives up
+# after 3 s, Gitea after 5 s (its DELIVER_TIMEOUT default). Others get SWITCHBOARD_INGEST_WAIT_SECONDS.
+INGEST_WAIT_CAP_SECONDS: dict[str, float] = {
+    "slack": 2.5,
+    "gitea": 4.0,
+}
+
+
+def ingest_wait_seconds(source: str, default: float) -> float:
+    """How long the receiver may wait for a delivery of this source before answering pending."""
+    return min(default, INGEST_WAIT_CAP_SECONDS.get(source, default))
 
 
 class Target(BaseModel):

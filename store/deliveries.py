@@ -21,17 +21,18 @@ from store.ids import new_id
 DOORBELL_CHANNEL = "switchboard_todos"
 
 _FIND_EVENT = """
-SELECT id, disposition, todo_ids, routing_trace FROM events
+SELECT id, disposition, todo_ids, routing_trace, workflow_run_id FROM events
 WHERE endpoint_id = %s AND source = %s AND external_id = %s
 """
 
 _INSERT_EVENT = """
 INSERT INTO events (id, webhook_id, endpoint_id, source, kind, external_id, trust_mode, verified,
                     verify_detail, content_type, headers, payload, payload_size, source_ip, received_at,
-                    routing_trace, disposition, workflow_id, todo_ids)
+                    routing_trace, disposition, workflow_id, workflow_run_id, todo_ids)
 VALUES (%(id)s, %(webhook_id)s, %(endpoint_id)s, %(source)s, %(kind)s, %(external_id)s, %(trust_mode)s,
         %(verified)s, %(verify_detail)s, %(content_type)s, %(headers)s, %(payload)s, %(payload_size)s,
-        %(source_ip)s, %(received_at)s, %(routing_trace)s, %(disposition)s, %(workflow_id)s, %(todo_ids)s)
+        %(source_ip)s, %(received_at)s, %(routing_trace)s, %(disposition)s, %(workflow_id)s, %(workflow_run_id)s,
+        %(todo_ids)s)
 ON CONFLICT (endpoint_id, source, external_id) DO NOTHING
 RETURNING id
 """
@@ -119,6 +120,7 @@ def _event_row(
     body: bytes,
     *,
     storable: bool = False,
+    run_id: str | None = None,
 ) -> dict[str, Any]:
     """Parameters of _INSERT_EVENT; with storable, producer-derived text is made something PostgreSQL accepts."""
 
@@ -145,6 +147,7 @@ def _event_row(
         "routing_trace": Jsonb(trace),
         "disposition": disposition,
         "workflow_id": workflow_id,
+        "workflow_run_id": run_id,
         "todo_ids": todo_ids,
     }
 
@@ -171,13 +174,16 @@ class DeliveryStore:
         async with self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
                 _INSERT_EVENT,
-                _event_row(d, event_id, trace, disposition, data.workflow_id, [p[0] for p in planned], body),
+                _event_row(
+                    d, event_id, trace, disposition, data.workflow_id, [p[0] for p in planned], body, run_id=data.run_id
+                ),
             )
             if await cur.fetchone() is None:
-                # The dedup slot is spent (an earlier delivery, or a concurrent run): report what it made.
-                again = await self._existing(conn, d.endpoint_id, d.source, d.external_id)
+                # The dedup slot is spent: by this very run (a retry of a commit that had committed reports the
+                # original outcome), or by an earlier delivery or another run (a duplicate: report what it made).
+                again = await self._existing(conn, d.endpoint_id, d.source, d.external_id, data.run_id)
                 assert again is not None
-                return CommitResult(**again, duplicate=True, **base)
+                return CommitResult(**again, **base)
             rule_id = trace.get("rule_id")
             if disposition == "dropped":
                 return CommitResult(event_id=event_id, dropped=True, disposition="dropped", rule_id=rule_id, **base)
@@ -254,9 +260,9 @@ class DeliveryStore:
             cur = await conn.execute(_INSERT_EVENT, row)
             if await cur.fetchone() is None:
                 # A redelivery (or a retried run) of a delivery already stored: it stays what it was.
-                again = await self._existing(conn, d.endpoint_id, d.source, row["external_id"])
+                again = await self._existing(conn, d.endpoint_id, d.source, row["external_id"], None)
                 assert again is not None
-                return CommitResult(**again, duplicate=True, **base)
+                return CommitResult(**again, **base)
         return CommitResult(event_id=row["id"], faulted=True, disposition="faulted", **base)
 
     async def _mint(
@@ -325,20 +331,27 @@ class DeliveryStore:
         return found
 
     async def _existing(
-        self, conn: AsyncConnection[Any], endpoint_id: str, source: str, external_id: str
+        self, conn: AsyncConnection[Any], endpoint_id: str, source: str, external_id: str, run_id: str | None
     ) -> dict[str, Any] | None:
         cur = await conn.execute(_FIND_EVENT, (endpoint_id, source, external_id))
         row = await cur.fetchone()
         if row is None:
             return None
+        own = run_id is not None and row["workflow_run_id"] == run_id
         todos: list[TodoRef] = []
         if row["todo_ids"]:
             cur = await conn.execute(
-                "SELECT id, endpoint_id, queue FROM todos WHERE id = ANY(%s)", (list(row["todo_ids"]),)
+                "SELECT id, endpoint_id, queue, event_id FROM todos WHERE id = ANY(%s)", (list(row["todo_ids"]),)
             )
             found = {r["id"]: r for r in await cur.fetchall()}
+            # The todos this event minted carry its id; coalesced or already-live ones were found, not created.
             todos = [
-                TodoRef(id=i, endpoint_id=found[i]["endpoint_id"], queue=found[i]["queue"], created=False)
+                TodoRef(
+                    id=i,
+                    endpoint_id=found[i]["endpoint_id"],
+                    queue=found[i]["queue"],
+                    created=own and found[i]["event_id"] == row["id"],
+                )
                 for i in row["todo_ids"]
                 if i in found
             ]
@@ -346,7 +359,8 @@ class DeliveryStore:
         return {
             "event_id": row["id"],
             "todos": todos,
-            "created": 0,
+            "created": sum(1 for t in todos if t.created),
+            "duplicate": not own,
             "dropped": disposition == "dropped",
             "repeat": disposition == "repeat",
             "faulted": disposition == "faulted",

@@ -125,7 +125,7 @@ class WebhookStore:
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 "SELECT id, endpoint_id, source_type, trust_mode, secret_ciphertext, collector_secret_ciphertext,"
-                " config FROM endpoint_webhooks WHERE ingest_token = %s AND state = 'live'",
+                " config, rate_per_second FROM endpoint_webhooks WHERE ingest_token = %s AND state = 'live'",
                 (token,),
             )
             row = await cur.fetchone()
@@ -168,6 +168,17 @@ class WebhookStore:
             on_fault=row["routing_on_fault"],
             subject_path=((row["config"] or {}).get("collector") or {}).get("subject_path"),
         )
+
+    async def set_rate(self, webhook_id: str, rate_per_second: float | None) -> None:
+        """Set a webhook's own pace (deliveries/s; 0 = unpaced; None = back to the operator default)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "UPDATE endpoint_webhooks SET rate_per_second = %s, updated_at = now()"
+                " WHERE id = %s AND state = 'live' RETURNING id",
+                (rate_per_second, webhook_id),
+            )
+            if await cur.fetchone() is None:
+                raise NotFound("unknown webhook")
 
     async def add_route_unchecked(self, webhook_id: str, target_endpoint_id: str) -> None:
         """Record a route without authorization (operators and tests; agents use the route verbs)."""

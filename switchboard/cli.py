@@ -221,6 +221,18 @@ def build_parser() -> argparse.ArgumentParser:
         )
     )
 
+    webhook = sub.add_parser("webhook", help="webhooks (operator)").add_subparsers(dest="action", required=True)
+    wr = webhook.add_parser("rate", help="pace a webhook: deliveries past the rate wait in the inbox")
+    wr.add_argument("webhook_id")
+    wr.add_argument("rate", help="deliveries per second; 0 = unpaced; 'default' = the operator default")
+    wr.set_defaults(
+        fn=lambda s, a: _admin(
+            s,
+            "set_webhook_rate",
+            {"webhook_id": a.webhook_id, "rate_per_second": None if a.rate == "default" else float(a.rate)},
+        )
+    )
+
     rules = sub.add_parser("rules", help="routing rules").add_subparsers(dest="action", required=True)
     ri = rules.add_parser("install", help="install a rule pack on a webhook (one set_webhook_rules call)")
     ri.add_argument("--webhook", required=True, dest="webhook_id")
