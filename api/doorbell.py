@@ -355,17 +355,20 @@ class DoorbellListener:
         for endpoint_id in check.revoked:
             await self.hub.revoke(endpoint_id)
         heard = False
+        first = not self.listening.is_set()
         while True:
             left = (self.check_seconds if heard else self.check_seconds * 1.5) - (time.monotonic() - started)
-            if left <= 0:
+            if left <= 0 or (heard and first):  # the first round trip only has to prove the connection
                 break
-            async for note in conn.notifies(timeout=left):
-                if note.channel == self.ping_channel:
-                    heard = heard or note.payload == token
-                else:
-                    await self._relay(note, check.now)
-            if heard and not self.listening.is_set():
-                break  # the first round trip: proven, no need to wait out the period
+            # aclosing: leaving the loop early must release the connection's lock and keep its backlog.
+            async with contextlib.aclosing(conn.notifies(timeout=left)) as notes:
+                async for note in notes:
+                    if note.channel == self.ping_channel:
+                        heard = heard or note.payload == token
+                        if heard and first:
+                            break
+                    else:
+                        await self._relay(note, check.now)
         if not heard:
             raise Deaf(f"no liveness round trip within {self.check_seconds * 1.5:.1f}s")
         # Heard: everything committed before the ping was sent has been delivered to this connection.
