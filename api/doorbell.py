@@ -337,13 +337,13 @@ class DoorbellListener:
         if gap_since is None:
             log.info("doorbell listening")
         else:
-            found = await self._catch_up(gap_since - CATCH_UP_MARGIN)
+            found = await self.catch_up(gap_since - CATCH_UP_MARGIN)
             log.info("doorbell listening again; caught up %d unrung todo(s)", found)
         while True:
             await self._round_trip(conn)
             if self._repair_since is not None:
                 since, self._repair_since = self._repair_since, None
-                await self._catch_up(since - CATCH_UP_MARGIN)
+                await self.catch_up(since - CATCH_UP_MARGIN)
 
     async def _round_trip(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Send a ping through the pool and relay notifications until it comes back; Deaf if it does not in time."""
@@ -385,7 +385,7 @@ class DoorbellListener:
             since = self.alive_at or now
             self._repair_since = since if self._repair_since is None else min(since, self._repair_since)
 
-    async def _catch_up(self, since: datetime) -> int:
+    async def catch_up(self, since: datetime) -> int:
         """Ring what this process's streams missed: pending, unrung todos of their endpoints since `since`."""
         found = 0
         for endpoint_id in list(self.hub.subscribers):

@@ -7,6 +7,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from temporalio.testing import WorkflowEnvironment
 
-from api.doorbell import DoorbellListener
+from api.doorbell import BUFFER, DoorbellListener
 from store.db import open_pool
 from store.doorbell import DoorbellStore
 from tests.api.test_doorbell import eventually, github_hook, hub_of, ingest, mcp_of, sse
@@ -344,3 +345,22 @@ async def test_pool_replaces_connections_killed_under_it(database_url: str) -> N
                 assert (await cur.fetchone()) == {"one": 1}
     finally:
         await pool.close()
+
+
+async def test_a_dropped_ring_is_given_back_and_a_catch_up_rings_it(live_stack: Stack) -> None:
+    agent = await live_stack.agent()
+    hook = await github_hook(agent)
+    hub = hub_of(live_stack)
+    with hub.subscription(agent.endpoint_id, ["work"], "sse") as stuck:  # a stream that never drains
+        ids = [(await ingest(live_stack, hook, number=n))[1] for n in range(BUFFER + 2)]
+        await eventually(lambda: stuck.dropped == 2, timeout=10)
+        rung = {r[0] for r in live_stack.sql("SELECT id FROM todos WHERE id = ANY(%s) AND rung_at IS NOT NULL", ids)}
+        assert rung == set(ids[:BUFFER])  # the two dropped rings were given back
+        # Once the stream drains, a catch-up (as after a reconnect) rings the two it missed, once.
+        while not stuck.buffer.empty():
+            stuck.buffer.get_nowait()
+        listener = live_stack.app.state.doorbell
+        assert listener.alive_at is not None
+        assert await listener.catch_up(listener.alive_at - timedelta(minutes=5)) == 2
+        assert [stuck.buffer.get_nowait().todo_id for _ in range(2)] == ids[BUFFER:]
+        assert await listener.catch_up(listener.alive_at - timedelta(minutes=5)) == 0
