@@ -209,6 +209,8 @@ async def test_a_full_buffer_drops_rings_and_never_blocks_ingest(live_stack: Sta
                     t0 = time.monotonic()
                     await asyncio.gather(*(ingest(live_stack, hook, number=batch + i) for i in range(8)))
                     slowest = max(slowest, time.monotonic() - t0)
+                # Rings are claimed in the database after the commit: they may trail ingest's answers a little.
+                await eventually(lambda: stuck.dropped == n // 2 - BUFFER)
                 assert stuck.buffer.full()
                 assert stuck.dropped == n // 2 - BUFFER and hub.dropped >= stuck.dropped
                 assert slowest < 10
@@ -240,7 +242,8 @@ async def test_listener_reconnects_after_losing_its_connection(live_stack: Stack
     [(old_pid,)] = live_stack.sql(listen)
     live_stack.sql("SELECT pg_terminate_backend(%s)", old_pid)
     async with sse(live_stack.base_url, agent.credential) as listener:
-        # Rings committed while it is away are lost (their todos stay pending); keep ingesting until one is heard.
+        # Rings committed while it is away ring after the reconnect (test_doorbell_resilience.py checks that
+        # strictly); here: it comes back and rings again.
         for n in range(40):
             await ingest(live_stack, hook, number=n)
             with contextlib.suppress(AssertionError):
