@@ -151,5 +151,8 @@ async def test_rules_evaluate_as_a_heartbeating_activity_or_locally_with_the_sam
         [(trace,)] = stack.sql("SELECT routing_trace FROM events WHERE id = %s", resp.json()["event_id"])
         assert trace["stage"] == "rule" and trace["rule_id"] == "issues"
         await Replayer(workflows=[RouteDelivery], data_converter=pydantic_data_converter).replay_workflow(history)
+        if os.environ.get("SWITCHBOARD_WRITE_HISTORIES"):
+            name = "local" if mode else "activity"
+            (HISTORIES / f"route_delivery_rules_{name}.json").write_text(history.to_json())
     assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED in kinds[False]
     assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in kinds[True]
