@@ -1,9 +1,12 @@
-"""Token buckets keyed by client IP or endpoint id; in-process, so limits apply per API process."""
+"""Token buckets and concurrency limits keyed by client IP or endpoint id; in-process, so per API process."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import time
+from collections.abc import AsyncIterator
 
 
 class TokenBuckets:
@@ -34,3 +37,26 @@ class TokenBuckets:
 def retry_after(wait: float) -> str:
     """A Retry-After header value in whole seconds (at least 1)."""
     return str(max(1, math.ceil(wait)))
+
+
+class KeyedLimits:
+    """At most ``limit`` concurrent holders per key; later ones wait their turn. Idle keys are forgotten."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held: dict[str, tuple[asyncio.Semaphore, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        """Hold one of the key's places for the block, waiting for one when all are taken."""
+        semaphore, users = self._held.get(key) or (asyncio.Semaphore(self.limit), 0)
+        self._held[key] = (semaphore, users + 1)
+        try:
+            async with semaphore:
+                yield
+        finally:
+            semaphore, users = self._held[key]
+            if users == 1:
+                del self._held[key]
+            else:
+                self._held[key] = (semaphore, users - 1)
