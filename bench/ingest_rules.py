@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._stack import dev_stack, drive, percentile, post_signed_issue
+from routing.signatures import sign_github
 
 
 def issue_body(i: int) -> bytes:
@@ -212,8 +214,13 @@ async def flood_figures(base: str, cred_a: str, cred_b: str, args: argparse.Name
         stop = asyncio.Event()
 
         async def a_sender() -> None:
+            # A's own deliveries may outwait the ingest wait and answer 202 pending: they queue, never fault.
             while not stop.is_set():
-                await post_signed_issue(http, a_url, a_secret, issue_body(next(counter) + 1))
+                body = issue_body(next(counter) + 1)
+                headers = {"X-GitHub-Event": "issues", "X-GitHub-Delivery": uuid.uuid4().hex}
+                headers.update(sign_github(a_secret, body))
+                resp = await http.post(a_url, content=body, headers={**headers, "Content-Type": "application/json"})
+                assert resp.status_code == 202, resp.text
 
         senders = [asyncio.create_task(a_sender()) for _ in range(16)]
         await asyncio.sleep(2)  # let A's backlog build

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import Priority, RetryPolicy
-from temporalio.exceptions import ActivityError, TimeoutType
+from temporalio.exceptions import ActivityError, CancelledError, TimeoutType
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
@@ -125,10 +125,14 @@ class RouteDelivery:
             )
         except ActivityError as exc:
             cause = exc.cause
+            if isinstance(cause, CancelledError):
+                raise
             if isinstance(cause, ActivityTimeout) and cause.type == TimeoutType.SCHEDULE_TO_START:
                 # No evaluate worker picked it up in time: a stuck or absent worker, a fault like any other
                 # (on_fault "hold" holds it; "continue" takes no rule).
                 wait = delivery.evaluate_queue_seconds
                 detail = f"no evaluate worker started the rules within {wait:g} s"
                 return Evaluation(faults=[Fault(rule_index=-1, cause="sandbox_busy", detail=detail)])
-            raise
+            # Every attempt lost its worker or failed: the delivery is still decided (and visible), as a fault.
+            detail = f"evaluation failed after retries: {cause or exc}"[:200]
+            return Evaluation(faults=[Fault(rule_index=-1, cause="sandbox_failure", detail=detail)])

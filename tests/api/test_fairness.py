@@ -147,3 +147,25 @@ async def test_an_evaluation_no_worker_starts_in_time_faults_as_sandbox_busy(
         assert fault["cause"] == "sandbox_busy" and fault["rule_index"] == -1
         # on_fault "continue" (the default): no rule matched, the default (the target queue) decided.
         assert trace["stage"] == "default" and queues == ["work"] and disposition == "routed"
+
+
+class BrokenSandbox:
+    """A sandbox whose every evaluation raises: each attempt of the evaluate activity fails."""
+
+    slots = 2
+
+    async def evaluate(self, *_: Any) -> Any:
+        raise RuntimeError("sandbox exploded")
+
+
+async def test_an_evaluation_that_fails_every_attempt_is_decided_as_sandbox_failure(
+    tmp_path: Path, database_url: str, temporal_env: WorkflowEnvironment
+) -> None:
+    async with running_stack(tmp_path, database_url, temporal_env.client, BrokenSandbox()) as stack:
+        _, hook = await tenant(stack, "bob", "b-lane", B_RULES)
+        await send(stack, hook, 1, "broken")
+        await eventually(lambda: len(outcomes(stack, hook["webhook_id"])) == 1)
+        [(disposition, trace, queues)] = outcomes(stack, hook["webhook_id"])
+        [fault] = trace["faults"]
+        assert fault["cause"] == "sandbox_failure" and "sandbox exploded" in fault["detail"]
+        assert trace["stage"] == "default" and queues == ["work"] and disposition == "routed"
