@@ -73,6 +73,11 @@ async def test_worker_killed_mid_delivery_still_ends_with_exactly_one_todo(
             resp = await post_github(stack.http, webhook, issue_payload(), delivery="crash-1")
             assert resp.status_code == 202 and resp.json()["pending"] is True
             workflow_id = resp.json()["workflow_id"]
+            alive = tmp_path / "worker-home" / "worker.alive"
+            for _ in range(300):  # a loaded machine may take a few seconds to start the worker process
+                if alive.exists():
+                    break
+                await asyncio.sleep(0.1)
             await asyncio.sleep(1.5)  # the worker is now inside the (delayed) commit
             assert stack.sql("SELECT count(*) FROM events")[0][0] == 0
             assert (tmp_path / "worker-home" / "worker.alive").exists()  # the container health check's signal
