@@ -139,6 +139,7 @@ async def ingest(ingest_token: str, request: Request) -> JSONResponse:
         source_ip=client_ip,
         received_at=datetime.now(UTC).isoformat(),
         evaluate_locally=settings.evaluate_locally,
+        evaluate_queue_seconds=settings.evaluate_queue_seconds,
     )
     return await start_and_wait(request, delivery, rate=webhook_rate(webhook, settings))
 

@@ -436,6 +436,11 @@ class SandboxPool:
         self._closed = False
         self._recent: OrderedDict[tuple[object, ...], None] = OrderedDict()  # rule lists to pre-compile
 
+    @property
+    def slots(self) -> int:
+        """How many rule lists this pool evaluates at once (its evaluate worker's activity slots)."""
+        return self._max_children
+
     async def evaluate(
         self, rules: list[dict[str, Any]], params: dict[str, Any] | None, envelope: dict[str, Any]
     ) -> Evaluation:
