@@ -291,12 +291,12 @@ class RuleEngine:
             program_input = text[:-1] + "," + str(position) + "]"
             results = iter(plan.program.input_text(program_input)) if plan.program is not None else iter(())
             if plan.program is not None:
+                failure: str | None = None
                 try:
-                    sentinel = next(results)
+                    if next(results) != PARSED:
+                        failure = "unexpected rule output"
                 except Exception as exc:  # the input itself did not parse: charged to no rule's clock
-                    sentinel, failure = None, short_detail(str(exc))
-                else:
-                    failure = None if sentinel == PARSED else "unexpected rule output"
+                    failure = short_detail(str(exc))
                 if parsed is not None:
                     parsed(position)
                 if failure is not None:
