@@ -398,6 +398,7 @@ async def big_envelope() -> None:
     in_process: list[float] = []
     sandboxed: list[float] = []
     faulted = 0
+    causes: list[str] = []
     try:
         for _ in range(5):
             await pool.evaluate(CLOSED_DROP, None, envelope)
@@ -409,6 +410,7 @@ async def big_envelope() -> None:
             result = await pool.evaluate(CLOSED_DROP, None, envelope)
             t2 = time.perf_counter()
             faulted += result != expected
+            causes.extend(f.cause for f in result.faults)
             in_process.append(t1 - t0)
             sandboxed.append(t2 - t1)
     finally:
@@ -433,7 +435,10 @@ async def big_envelope() -> None:
         f"{'libjq parse alone, ASCII-escaped (before)':<40}{_pct(parse_escaped, 0.5):>9.2f}"
         f"{_pct(parse_escaped, 0.99):>9.2f}   ({len(escaped) / 2**20:.2f} MiB)"
     )
-    print(f"faulted or not matched: {faulted} of {BIG_ITERATIONS}   (target 0; the parse is charged to no rule)")
+    print(
+        f"faulted or not matched: {faulted} of {BIG_ITERATIONS}   (target 0; the parse is charged to no rule)"
+        + (f"; faults: {sorted(set(causes))}" if causes else "")
+    )
 
 
 async def _post(http: httpx.AsyncClient, url: str, secret: bytes, body: bytes) -> dict[str, Any]:
