@@ -455,7 +455,7 @@ async def stack_drops(base: str, credential: str) -> None:
     auth = {"Authorization": f"Bearer {credential}"}
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=STACK_CONCURRENCY * 2)) as http:
 
-        async def webhook(rules: list[dict[str, Any]] | None) -> tuple[str, bytes]:
+        async def webhook(rules: list[dict[str, Any]] | None) -> tuple[str, bytes, str]:
             made = (
                 await http.post(
                     f"{base}/v1/create_webhook", json={"source_type": "github", "target_queue": "work"}, headers=auth
@@ -468,13 +468,13 @@ async def stack_drops(base: str, credential: str) -> None:
                     headers=auth,
                 )
                 assert resp.status_code == 200, resp.text
-            return made["ingest_url"].replace("localhost", "127.0.0.1"), made["secret"].encode()
+            return made["ingest_url"].replace("localhost", "127.0.0.1"), made["secret"].encode(), made["webhook_id"]
 
         plain, ruled = await webhook(None), await webhook(CLOSED_DROP)
         counter = iter(range(1, 10**9))
         outcomes: dict[str, list[dict[str, Any]]] = {"plain": [], "ruled": []}
 
-        def sender(name: str, target: tuple[str, bytes]) -> Any:
+        def sender(name: str, target: tuple[str, bytes, str]) -> Any:
             async def one(_: int) -> None:
                 body = json.dumps(big_closed_issue(next(counter)), ensure_ascii=False).encode()
                 outcomes[name].append(await _post(http, target[0], target[1], body))
@@ -486,6 +486,16 @@ async def stack_drops(base: str, credential: str) -> None:
         outcomes = {"plain": [], "ruled": []}
         took_plain, lat_plain = await drive(STACK_DELIVERIES, STACK_CONCURRENCY, sender("plain", plain))
         took_ruled, lat_ruled = await drive(STACK_DELIVERIES, STACK_CONCURRENCY, sender("ruled", ruled))
+        # What decided the ones not dropped (the trace is the owner's to read, never the producer's).
+        missed: list[str] = []
+        listed = await http.post(
+            f"{base}/v1/list_webhook_events",
+            json={"webhook_id": ruled[2], "disposition": "routed", "limit": 200},
+            headers=auth,
+        )
+        for event in listed.json().get("events", []):
+            faults = event["routing"].get("faults") or [{"cause": "none", "detail": str(event["routing"])}]
+            missed.extend(f"{f['cause']}: {f.get('detail')}" for f in faults)
     dropped = sum(1 for o in outcomes["ruled"] if o.get("dropped") is True)
     print(
         f"\n{STACK_DELIVERIES} closed issues of ~1 MiB (4-byte characters) at concurrency {STACK_CONCURRENCY} "
@@ -504,6 +514,8 @@ async def stack_drops(base: str, credential: str) -> None:
         f"throughput ratio (drop rule / no rules): {(len(lat_ruled) / took_ruled) / (len(lat_plain) / took_plain):.2f}"
     )
     print(f"dropped: {dropped} of {STACK_DELIVERIES}   (target {STACK_DELIVERIES} of {STACK_DELIVERIES})")
+    for reason in sorted(set(missed)):
+        print(f"  not dropped ({missed.count(reason)}x): {reason}")
 
 
 if __name__ == "__main__":
@@ -514,5 +526,5 @@ if __name__ == "__main__":
     asyncio.run(big_envelope())
     if not args.skip_stack:
         with dev_stack() as stack:
-            endpoint = stack.vend(["work"], ["create_webhook", "set_webhook_rules"])
+            endpoint = stack.vend(["work"], ["create_webhook", "set_webhook_rules", "list_webhook_events"])
             asyncio.run(stack_drops(stack.base, str(endpoint["credential"])))
