@@ -19,6 +19,7 @@ from api.errors import install_error_handlers
 from api.mcp import McpSurface
 from api.middleware import AgentAuthMiddleware, BodyLimitMiddleware, RequestLogMiddleware
 from store.db import open_pool
+from switchboard.logs import install_masking
 from switchboard.settings import Settings
 from switchboard.temporal import connect
 
@@ -39,12 +40,15 @@ def create_app(settings: Settings, *, temporal: Client | None = None, sandbox: A
     more than that pool's children; it stays owned, and closed, by whoever passed it.
     """
 
+    # Before anything can log: every record of the process is masked (ingest tokens, credentials, secrets).
+    install_masking([settings.admin_token, settings.secret_key])
     mcp = McpSurface(body_max=settings.agent_body_max)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         assert settings.database_url, "SWITCHBOARD_DATABASE_URL is not set"
         settings.ensure_generated_secrets()
+        install_masking([settings.admin_token, settings.secret_key])  # generated ones, too
         pool = await open_pool(settings.database_url, max_size=settings.db_pool_max)
         # Lazy: the API comes up (and answers 503 on ingest) even while Temporal is unreachable.
         client = temporal

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from store.errors import DomainError
+from switchboard.logs import mask_secrets
 
 log = logging.getLogger("switchboard.api")
 
@@ -52,5 +53,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        # The path may carry an ingest token: masked here, and again by the process-wide record factory.
+        log.exception("unexpected error on %s %s", request.method, mask_secrets(request.url.path))
         return error_response(500, "internal", "internal error")

@@ -14,6 +14,7 @@ from api.deps import Services
 from api.ratelimit import retry_after
 from api.verbs import REGISTRY
 from store.errors import Unauthenticated
+from switchboard.logs import mask_secrets
 
 log = logging.getLogger("switchboard.http")
 
@@ -78,7 +79,7 @@ class RequestLogMiddleware:
             await self.app(scope, receive, wrapped)
         finally:
             # Paths carry ingest tokens: log only the route family, never the token itself.
-            shown = "/webhooks/w/«token»" if path.startswith("/webhooks/w/") else path
+            shown = mask_secrets(path)
             log.info(
                 "request",
                 extra={

@@ -10,7 +10,7 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
 from routing.delivery import CommitInput, CommitResult, DeliveryInput, TodoRef
-from routing.envelope import parse_payload
+from routing.envelope import parse_payload_checked
 from routing.models import Decision
 from routing.titles import todo_title
 from store.db import Pool
@@ -87,8 +87,10 @@ def _has_nul(value: Any) -> bool:
     return False
 
 
-def _jsonb_payload(value: Any, body: bytes) -> Jsonb | None:
-    if value is None:
+def _jsonb_payload(value: Any, body: bytes, lossy: bool) -> Jsonb | None:
+    # A body whose lone surrogates were replaced (routing.text) is not what the producer sent: the event's
+    # raw bytes are the only copy, as for a non-JSON body.
+    if value is None or lossy:
         return None
     # jsonb cannot hold NUL characters; such payloads stay available raw on the event. A NUL can only arrive
     # escaped, so bodies without that escape skip the walk.
@@ -202,7 +204,7 @@ class DeliveryStore:
     ) -> list[TodoRef]:
         if not planned:
             return []
-        parsed = parse_payload(body)
+        parsed, lossy = parse_payload_checked(body)
         title = todo_title(d.source, d.kind, parsed)
         cur = await conn.execute(
             _INSERT_TODOS,
@@ -213,7 +215,7 @@ class DeliveryStore:
                 "source": d.source,
                 "kind": d.kind,
                 "title": title,
-                "payload": _jsonb_payload(parsed, body),
+                "payload": _jsonb_payload(parsed, body, lossy),
                 "event_id": event_id,
                 "idempotency_key": d.external_id,
                 "routing_trace": Jsonb(trace),

@@ -49,6 +49,9 @@ class IngestWebhook(BaseModel):
     secret: str | None
     collector_secret: str | None = None  # a generic collector's HMAC secret, opened
     config: dict[str, Any] = {}
+    # A stored secret that did not decrypt: the receiver answers 503 when verification needs it.
+    secret_unreadable: bool = False
+    collector_secret_unreadable: bool = False
 
 
 class Todo(BaseModel):
