@@ -23,6 +23,7 @@ from api.middleware import AgentAuthMiddleware, BodyLimitMiddleware, RequestLogM
 from routing.sandbox import SandboxPool
 from store.db import open_pool
 from store.doorbell import DoorbellStore
+from switchboard.logs import install_masking
 from switchboard.settings import Settings
 from switchboard.temporal import connect
 
@@ -47,12 +48,15 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
     they can never take a slot from a delivery's evaluation, which runs on the evaluate workers.
     """
 
+    # Before anything can log: every record of the process is masked (ingest tokens, credentials, secrets).
+    install_masking([settings.admin_token, settings.secret_key])
     mcp = McpSurface(body_max=settings.agent_body_max)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         assert settings.database_url, "SWITCHBOARD_DATABASE_URL is not set"
         settings.ensure_generated_secrets()
+        install_masking([settings.admin_token, settings.secret_key])  # generated ones, too
         pool = await open_pool(
             settings.database_url, max_size=settings.db_pool_max, pool_timeout=settings.db_pool_timeout
         )
