@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from routing import jq_policy
 from routing.models import Grant
-from routing.sandbox_child import RuleEngine
 
 MAX_RULES = 32
 MAX_ID_CHARS = 64
@@ -76,21 +75,71 @@ def mint_rule_id() -> str:
 # ---------------------------------------------------------------------------------------------------
 
 
-def check_expression(expr: str) -> tuple[str, str] | None:
+# Expression → the sandbox's compile verdict: None when it compiles, else the invalid_expression detail.
+Compiled = Mapping[str, str | None]
+
+COMPILE_LIMIT = "compiling exceeds the sandbox's memory or time limit"
+NOT_CHECKED = "expression was not compile-checked in the sandbox; nothing is saved unchecked"
+
+
+class CompileCheckUnavailable(Exception):
+    """The sandbox could not compile-check a save's expressions (no slot in time, or closed)."""
+
+
+class CompileChecker(Protocol):
+    """Compiles expressions where a failing libjq cannot hurt the caller (routing.sandbox.SandboxPool)."""
+
+    async def check(self, exprs: Sequence[str]) -> list[str | None]:
+        """Per expression None, or the invalid_expression detail; raises CompileCheckUnavailable."""
+        ...
+
+
+def compile_failure(error: str) -> str:
+    """The invalid_expression detail for a compile error reported by libjq."""
+    return f"expression does not compile: {error}"
+
+
+def compile_candidates(rules: Any) -> list[str]:
+    """The distinct expressions validate_rules will compile-check: those past every cheaper check before it.
+
+    Only strings within the size limit that the jq policy accepts, of a list within the rule limit: the
+    sandbox never compiles what validation refuses first.
+    """
+    if not isinstance(rules, list) or len(rules) > MAX_RULES:
+        return []
+    out: dict[str, None] = {}
+    for rule in rules:
+        expr = rule.get("expr") if isinstance(rule, dict) else None
+        if isinstance(expr, str) and len(expr.encode("utf-8")) <= MAX_EXPR_BYTES and jq_policy.verdict(expr) is None:
+            out[expr] = None
+    return list(out)
+
+
+async def compile_verdicts(rules: Any, checker: CompileChecker, known: Compiled | None = None) -> dict[str, str | None]:
+    """The sandbox's compile verdicts for a candidate list's expressions, reusing those already ``known``."""
+    verdicts = dict(known or {})
+    todo = [expr for expr in compile_candidates(rules) if expr not in verdicts]
+    if todo:
+        verdicts.update(zip(todo, await checker.check(todo), strict=True))
+    return verdicts
+
+
+def check_expression(expr: str, compiled: Compiled | None = None) -> tuple[str, str] | None:
     """None when the expression is acceptable, else (code, detail): the jq policy first, then compiling.
 
-    The policy is routing/jq_policy.py, the same verdict the sandbox child applies before compiling.
-    The compile check is the child's own (RuleEngine.prepare over the combined program), so a rule that
-    compiles alone but not inside the child's program, or the reverse, cannot be saved: what is accepted
-    here never meets a compile_error at evaluation.
+    The policy is routing/jq_policy.py, the same verdict the sandbox child applies before compiling. The
+    compile verdict is the child's own (``compiled``, from SandboxPool.check: RuleEngine.prepare in a capped
+    child), because libjq folds constants while compiling and would spend, or abort, this process. What is
+    accepted here never meets a compile_error at evaluation. No verdict for the expression fails closed.
     """
     refused = jq_policy.verdict(expr)
     if refused is not None:
         return refused.code, refused.detail
-    # A fresh engine per check: save-time checks may run on several threads, and caching buys nothing.
-    error = RuleEngine().prepare([expr]).compile_errors.get(0)
-    if error is not None:
-        return jq_policy.INVALID, f"expression does not compile: {error}"
+    if compiled is None or expr not in compiled:
+        return jq_policy.INVALID, NOT_CHECKED
+    detail = compiled[expr]
+    if detail is not None:
+        return jq_policy.INVALID, detail
     return None
 
 
@@ -238,6 +287,7 @@ def _validate_rule(
     seen_ids: set[str],
     mint_id: Callable[[], str],
     taken_ids: set[str],
+    compiled: Compiled | None,
 ) -> dict[str, Any]:
     """One rule, in the order: shape, id, name, expression, action."""
     if not isinstance(rule, dict):
@@ -273,7 +323,7 @@ def _validate_rule(
         raise fail("invalid_rule", "expr must be a string")
     if len(expr.encode("utf-8")) > MAX_EXPR_BYTES:
         raise fail("invalid_rule", f"expr is longer than {MAX_EXPR_BYTES} bytes")
-    problem = check_expression(expr)
+    problem = check_expression(expr, compiled)
     if problem is not None:
         raise fail(*problem)
     if "action" not in rule:
@@ -295,9 +345,13 @@ def validate_rules(
     params: Any,
     grant: Grant,
     *,
+    compiled: Compiled | None = None,
     mint_id: Callable[[], str] = mint_rule_id,
 ) -> list[dict[str, Any]]:
-    """Validate a whole routing configuration at save time; return the normalized rules or raise."""
+    """Validate a whole routing configuration at save time; return the normalized rules or raise.
+
+    ``compiled`` holds the sandbox's compile verdicts (compile_verdicts); an expression without one is refused.
+    """
     validate_params(params)
     if not isinstance(rules, list):
         raise RuleValidationError("invalid_rule", "rules must be a list")
@@ -312,7 +366,7 @@ def validate_rules(
         raise where.error("too_many_rules", f"{len(rules)} rules; the limit is {MAX_RULES}")
     taken = {r["id"] for r in rules if isinstance(r, dict) and isinstance(r.get("id"), str)}
     seen: set[str] = set()
-    out = [_validate_rule(i, rule, grant, seen, mint_id, taken) for i, rule in enumerate(rules)]
+    out = [_validate_rule(i, rule, grant, seen, mint_id, taken, compiled) for i, rule in enumerate(rules)]
     validate_default_action(default_action, grant)
     return out
 
@@ -323,8 +377,9 @@ def validate_config(
     params: Any,
     grant: Grant,
     *,
+    compiled: Compiled | None = None,
     mint_id: Callable[[], str] = mint_rule_id,
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None, dict[str, Any]]:
     """validate_rules plus the normalized default_action and params, ready to store together."""
-    normalized = validate_rules(rules, default_action, params, grant, mint_id=mint_id)
+    normalized = validate_rules(rules, default_action, params, grant, compiled=compiled, mint_id=mint_id)
     return normalized, validate_default_action(default_action, grant), validate_params(params)

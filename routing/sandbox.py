@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from routing.models import Evaluation, Fault
+from routing.rules import COMPILE_LIMIT, CompileCheckUnavailable, compile_failure
 from routing.sandbox_child import COMPILING, PARSING, PREFIX, PROGRESS, RuleEngine, input_text
 
 log = logging.getLogger(__name__)
@@ -573,6 +574,74 @@ class SandboxPool:
                 break
         return Evaluation(matched_index=None, faults=faults)
 
+    async def check(self, exprs: Sequence[str]) -> list[str | None]:
+        """Save-time compile check in the children: per expression None, or why it cannot be saved.
+
+        Each expression compiles alone through the child's RuleEngine.prepare, as evaluation compiles it, so
+        libjq's constant folding (``"x" * 2e8``) spends a capped child's memory, never this process's. A child
+        killed or dead while compiling one expression refuses that one and the rest go on a spare; the whole
+        check is bounded by the hard deadline. Raises CompileCheckUnavailable when no slot frees in time.
+        """
+        verdicts: list[str | None] = [None] * len(exprs)
+        if not exprs:
+            return verdicts
+        if self._closed:
+            raise CompileCheckUnavailable("the rule sandbox is closed")
+        try:
+            async with asyncio.timeout(self._acquire_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise CompileCheckUnavailable(f"no sandbox slot within {self._acquire_timeout * 1000:.0f} ms") from None
+        try:
+            await self._check_in_slot(list(exprs), verdicts)
+        finally:
+            self._slots.release()
+            self._replenish()
+        return verdicts
+
+    async def _check_in_slot(self, exprs: list[str], verdicts: list[str | None]) -> None:
+        hard_at = asyncio.get_running_loop().time() + self._hard_deadline
+        index = 0
+        replacements = 0
+        while index < len(exprs):
+            child = await self._take(hard_at) if replacements <= _MAX_REPLACEMENTS else None
+            if child is None:  # fail closed: what was not checked cannot be saved
+                verdicts[index:] = [f"{COMPILE_LIMIT} (not checked: no sandbox child in time)"] * (len(exprs) - index)
+                return
+            self._seq += 1
+            header = json.dumps({"seq": self._seq, "check": exprs[index:]}, separators=(",", ":"))
+            try:
+                run = await child.run(
+                    header.encode() + b"\t\n",
+                    seq=self._seq,
+                    start=0,
+                    end=len(exprs) - index,
+                    # Only the hard deadline bounds a compile: the per-rule clocks measure evaluation.
+                    rule_timeout=self._hard_deadline,
+                    budget_left=self._hard_deadline,
+                    hard_at=hard_at,
+                )
+            except BaseException:
+                self._discard(child, replace=True)
+                raise
+            for position, _cause, detail in run.faults:
+                verdicts[index + position] = compile_failure(detail or "compile error")
+            if run.ending == "complete":
+                self._release(child)
+                return
+            self._discard(child, replace=False)
+            replacements += 1
+            if run.ending == "gone":
+                continue
+            if run.ending == "violation":
+                verdicts[index:] = [f"{COMPILE_LIMIT} (sandbox failure: {run.detail})"] * (len(exprs) - index)
+                return
+            # Killed past the hard deadline, or aborted by libjq at the memory cap: that expression's doing.
+            culprit = index + max(run.stopped_at, run.next_index)
+            if culprit < len(exprs):
+                verdicts[culprit] = COMPILE_LIMIT
+            index = culprit + 1
+
     def _remember(self, exprs: list[object]) -> None:
         if all(isinstance(expr, str) for expr in exprs):
             key = tuple(exprs)
@@ -751,3 +820,12 @@ def evaluate_in_process(
             )
             break
     return Evaluation(matched_index=None, faults=faults)
+
+
+def check_in_process(exprs: Sequence[str]) -> list[str | None]:
+    """SandboxPool.check's verdicts compiled in this process, unbounded (tests only: never on a server)."""
+    verdicts: list[str | None] = []
+    for expr in exprs:
+        error = RuleEngine().prepare([expr]).compile_errors.get(0)
+        verdicts.append(None if error is None else compile_failure(error))
+    return verdicts

@@ -11,7 +11,9 @@ Protocol: one request line in, reply lines out; every reply line starts with ``S
 * request: ``<header JSON> TAB <input JSON>`` where the header is ``{"seq", "base", "start", "exprs"}``
   (rule ``i`` of ``exprs`` is rule ``base + i`` of the webhook; evaluation begins at ``start``) and the
   input is ``[params, envelope]``, handed to jq as text so Python never parses the payload; or
-  ``{"seq", "warm": [exprs, ...]}`` to compile lists ahead of need;
+  ``{"seq", "warm": [exprs, ...]}`` to compile lists ahead of need; or ``{"seq", "check": exprs}`` (save-time
+  validation) to compile each expression alone, answered with a ``compile_error`` fault line per expression
+  that does not compile;
 * replies: ``[0, "ready"]`` once at start-up; per request one ``[seq, "r", rule_index, cause, detail]``
   per faulted rule and a final ``[seq, "end", matched_index_or_null]``. Rules without a line did not
   match. Only indexes, causes and short fault details ever leave the child.
@@ -378,6 +380,9 @@ def serve(memory_limit: int, hard_deadline: float, progress_fd: int) -> None:
                 engine.prepare(list(warm_exprs))
             _write(_reply(seq, "end", None))
             continue
+        if "check" in request:
+            _check(progress, seq, list(request["check"]), hard_deadline)
+            continue
         base, start, exprs = int(request["base"]), int(request["start"]), list(request["exprs"])
         text = body.rstrip(b"\n").decode()
         # A self-watchdog: SIGALRM's default action ends the child even inside libjq, even if the
@@ -398,6 +403,25 @@ def serve(memory_limit: int, hard_deadline: float, progress_fd: int) -> None:
             clock.rule_started(position + 1)
         _write(_reply(seq, "end", matched))
         signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _check(progress: Any, seq: int, exprs: list[object], hard_deadline: float) -> None:
+    """Save-time compile check: each expression alone through prepare(), exactly as evaluation compiles it.
+
+    The slot names the expression compiling, so the parent can tell which one a kill or an abort belongs to;
+    a compile error is a ``compile_error`` fault line. A fresh engine per expression keeps nothing compiled.
+    """
+    import signal
+
+    signal.setitimer(signal.ITIMER_REAL, hard_deadline)
+    began = time.monotonic_ns()
+    for position, expr in enumerate(exprs):
+        PROGRESS.pack_into(progress, 0, seq, position, time.monotonic_ns(), began)
+        error = RuleEngine().prepare([expr]).compile_errors.get(0)
+        if error is not None:
+            _write(_reply(seq, "r", position, "compile_error", error))
+    _write(_reply(seq, "end", None))
+    signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 class _RulesClock:

@@ -67,6 +67,13 @@ class RuleRejected(DomainError):
     status = 422
 
 
+class SandboxBusy(DomainError):
+    """The rule sandbox could not answer in time (every slot taken, or closed): the same call may succeed later."""
+
+    code = "sandbox_busy"
+    status = 503
+
+
 class RuleNotFound(DomainError):
     code = "rule_not_found"
     status = 404

@@ -10,9 +10,16 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
 from routing.models import ON_FAULT_VALUES, Grant, OnFault
-from routing.rules import RuleValidationError, validate_config
+from routing.rules import (
+    CompileChecker,
+    CompileCheckUnavailable,
+    Compiled,
+    RuleValidationError,
+    compile_verdicts,
+    validate_config,
+)
 from store.db import Pool
-from store.errors import DomainError, Forbidden, InvalidArgument, NotFound, RuleRejected
+from store.errors import DomainError, Forbidden, InvalidArgument, NotFound, RuleRejected, SandboxBusy
 from store.models import Caller
 from store.webhooks import WebhookStore
 
@@ -95,6 +102,14 @@ def rejection(exc: RuleValidationError) -> DomainError:
     return RuleRejected(exc.message, code=exc.code)
 
 
+async def compiled_in_sandbox(rules: Any, checker: CompileChecker, known: Compiled | None = None) -> Compiled:
+    """The sandbox's compile verdicts for a candidate's rules; a sandbox that cannot check answers sandbox_busy."""
+    try:
+        return await compile_verdicts(rules, checker, known)
+    except CompileCheckUnavailable as exc:
+        raise SandboxBusy(f"the rules could not be compile-checked: {exc}; nothing was saved") from exc
+
+
 def validate_on_fault(value: Any) -> OnFault:
     """The saved on_fault: exactly "continue" or "hold"; anything else changes nothing (invalid_argument)."""
     if value == "continue":
@@ -135,16 +150,29 @@ class RuleStore:
             grant = await self.webhooks.grant_on(conn, webhook_id)
         return _config(_owned(grant, caller))
 
-    async def modify(self, caller: Caller, webhook_id: str, edit: Edit) -> RuleConfig:
-        """Read-modify-validate-write under the webhook's row lock; a rejected edit changes nothing."""
+    async def modify(self, caller: Caller, webhook_id: str, edit: Edit, checker: CompileChecker) -> RuleConfig:
+        """Read-modify-validate-write under the webhook's row lock; a rejected edit changes nothing.
+
+        The candidate's expressions are compile-checked in the sandbox (``checker``) first, outside the lock:
+        a check can take up to the sandbox's hard deadline. Errors of that first pass are left to the locked
+        pass, which raises them in the usual order; it only compiles what a concurrent save has added since.
+        """
+        compiled: Compiled = {}
+        try:
+            first: Candidate | None = edit(await self.read(caller, webhook_id))
+        except DomainError:
+            first = None  # raised again by the locked pass, after the same checks as ever
+        if first is not None:
+            compiled = await compiled_in_sandbox(first.rules, checker)
         async with self.pool.connection() as conn, conn.transaction():
             await conn.execute(_LOCK_WEBHOOK, (webhook_id,))
             # The grant is read after the lock, so the list is validated against the state it will run under.
             current = _config(_owned(await self.webhooks.grant_on(conn, webhook_id), caller))
             candidate = edit(current)
+            compiled = await compiled_in_sandbox(candidate.rules, checker, compiled)
             try:
                 rules, default_action, params = validate_config(
-                    candidate.rules, candidate.default_action, candidate.params, current.grant
+                    candidate.rules, candidate.default_action, candidate.params, current.grant, compiled=compiled
                 )
             except RuleValidationError as exc:
                 raise rejection(exc) from exc

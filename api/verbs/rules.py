@@ -22,7 +22,15 @@ from routing.models import TRUST_BY_SOURCE, Decision, Evaluation, Grant, OnFault
 from routing.rules import RuleValidationError, validate_config
 from routing.sandbox import SandboxPool
 from store.errors import InvalidArgument, RuleNotFound
-from store.rules import Candidate, RuleConfig, StoredEvent, StoredTodo, rejection, validate_on_fault
+from store.rules import (
+    Candidate,
+    RuleConfig,
+    StoredEvent,
+    StoredTodo,
+    compiled_in_sandbox,
+    rejection,
+    validate_on_fault,
+)
 
 FAMILY = "webhooks"
 BACKTEST_MAX = 200
@@ -248,8 +256,8 @@ async def route(ctx: Context, grant: Grant, envelope: dict[str, Any]) -> Decisio
     return decide(grant, evaluation, envelope)
 
 
-def candidate_grant(saved: RuleConfig, data: CandidateInput) -> tuple[Grant, bool]:
-    """The grant with candidate rules/default/params, validated exactly as a save; never stored."""
+async def candidate_grant(ctx: Context, saved: RuleConfig, data: CandidateInput) -> tuple[Grant, bool]:
+    """The grant with candidate rules/default/params, validated exactly as a save (compiled in the sandbox)."""
     given = data.model_fields_set & {"rules", "default_action", "params", "on_fault"}
     if data.rules is None:
         given.discard("rules")
@@ -260,8 +268,11 @@ def candidate_grant(saved: RuleConfig, data: CandidateInput) -> tuple[Grant, boo
     rules = data.rules if "rules" in given else saved.rules
     default_action = data.default_action if "default_action" in given else saved.default_action
     params = data.params if "params" in given else saved.params
+    compiled = await compiled_in_sandbox(rules, sandbox_of(ctx))
     try:
-        norm_rules, norm_default, norm_params = validate_config(rules, default_action, params, saved.grant)
+        norm_rules, norm_default, norm_params = validate_config(
+            rules, default_action, params, saved.grant, compiled=compiled
+        )
     except RuleValidationError as exc:
         raise rejection(exc) from exc
     update = {
@@ -421,7 +432,7 @@ async def set_webhook_rules(ctx: Context, data: SetRulesInput) -> RulesOutput:
         on_fault = data.on_fault if data.on_fault is not None else current.on_fault
         return Candidate(rules=data.rules, default_action=data.default_action, params=data.params, on_fault=on_fault)
 
-    return RulesOutput(**_out(await ctx.services.rules.modify(ctx.caller, data.webhook_id, edit)))
+    return RulesOutput(**_out(await ctx.services.rules.modify(ctx.caller, data.webhook_id, edit, sandbox_of(ctx))))
 
 
 @verb(
@@ -446,7 +457,7 @@ async def add_webhook_rule(ctx: Context, data: AddRuleInput) -> AddRuleOutput:
             rules=rules, default_action=current.default_action, params=current.params, on_fault=current.on_fault
         )
 
-    config = await ctx.services.rules.modify(ctx.caller, data.webhook_id, edit)
+    config = await ctx.services.rules.modify(ctx.caller, data.webhook_id, edit, sandbox_of(ctx))
     return AddRuleOutput(**_out(config), rule_id=config.rules[placed[-1]]["id"])
 
 
@@ -474,7 +485,7 @@ async def update_webhook_rule(ctx: Context, data: UpdateRuleInput) -> RulesOutpu
             rules=rules, default_action=current.default_action, params=current.params, on_fault=current.on_fault
         )
 
-    return RulesOutput(**_out(await ctx.services.rules.modify(ctx.caller, data.webhook_id, edit)))
+    return RulesOutput(**_out(await ctx.services.rules.modify(ctx.caller, data.webhook_id, edit, sandbox_of(ctx))))
 
 
 @verb(
@@ -498,7 +509,7 @@ async def move_webhook_rule(ctx: Context, data: MoveRuleInput) -> RulesOutput:
             rules=rules, default_action=current.default_action, params=current.params, on_fault=current.on_fault
         )
 
-    return RulesOutput(**_out(await ctx.services.rules.modify(ctx.caller, data.webhook_id, edit)))
+    return RulesOutput(**_out(await ctx.services.rules.modify(ctx.caller, data.webhook_id, edit, sandbox_of(ctx))))
 
 
 @verb(
@@ -524,7 +535,7 @@ async def remove_webhook_rule(ctx: Context, data: RemoveRuleInput) -> RemoveRule
             rules=rules, default_action=locked.default_action, params=locked.params, on_fault=locked.on_fault
         )
 
-    config = await store.modify(ctx.caller, data.webhook_id, edit)
+    config = await store.modify(ctx.caller, data.webhook_id, edit, sandbox_of(ctx))
     return RemoveRuleOutput(**_out(config), removed=removed[-1])
 
 
@@ -544,7 +555,7 @@ async def test_webhook_rules(ctx: Context, data: DryRunInput) -> DryRunOutput:
     if data.headers is not None and not has_payload:
         raise InvalidArgument("headers go with a sample payload; a stored event has its own")
     saved = await ctx.services.rules.read(ctx.caller, data.webhook_id)
-    grant, is_candidate = candidate_grant(saved, data)
+    grant, is_candidate = await candidate_grant(ctx, saved, data)
     if data.event_id is not None:
         envelope = event_envelope(await ctx.services.rules.event(data.webhook_id, data.event_id))
     else:
@@ -572,7 +583,7 @@ async def test_webhook_rules(ctx: Context, data: DryRunInput) -> DryRunOutput:
 async def backtest_webhook_rules(ctx: Context, data: BacktestInput) -> BacktestOutput:
     store = ctx.services.rules
     saved = await store.read(ctx.caller, data.webhook_id)
-    grant, is_candidate = candidate_grant(saved, data)
+    grant, is_candidate = await candidate_grant(ctx, saved, data)
     # A caller's concurrent backtests run one after another, so one caller cannot fill the verbs' sandbox.
     async with ctx.services.backtests.hold(ctx.caller.endpoint_id):
         return await _backtest(ctx, data, grant, is_candidate)
