@@ -634,7 +634,8 @@ class SandboxPool:
             if run.ending == "gone":
                 continue
             if run.ending == "violation":
-                verdicts[index:] = [f"{COMPILE_LIMIT} (sandbox failure: {run.detail})"] * (len(exprs) - index)
+                unchecked = f"expression could not be compile-checked: sandbox failure ({run.detail})"
+                verdicts[index:] = [unchecked] * (len(exprs) - index)
                 return
             # Killed past the hard deadline, or aborted by libjq at the memory cap: that expression's doing.
             culprit = index + max(run.stopped_at, run.next_index)

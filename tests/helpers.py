@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from routing.rules import check_expression, compile_candidates
+from routing.sandbox import check_in_process
 from routing.signatures import sign_gitea, sign_github
 
 
@@ -81,3 +83,18 @@ async def eventually(probe: Callable[[], Any], timeout: float = 30.0, interval: 
             return got
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(interval)
+
+
+def compiled_here(rules: Any) -> dict[str, str | None]:
+    """Save-time compile verdicts for a candidate list, compiled in this process (validation unit tests only).
+
+    The server compiles in the rule sandbox's capped child (SandboxPool.check); check_in_process is the same
+    RuleEngine.prepare without the cap, so a unit test of validation sees the verdicts the child would give.
+    """
+    exprs = compile_candidates(rules)
+    return dict(zip(exprs, check_in_process(exprs), strict=True))
+
+
+def check_here(expr: str) -> tuple[str, str] | None:
+    """check_expression with the expression's compile verdict computed in this process (tests only)."""
+    return check_expression(expr, compiled_here([{"expr": expr}]))

@@ -259,7 +259,7 @@ async def test_hostile_jq_is_refused_at_save_or_bounded_and_never_reads_the_envi
     print(f"slowest save: {slowest_save[0] * 1000:.0f} ms for {slowest_save[1]!r}")
     print(f"worker process (API + worker + sandbox parent) VmHWM: {worker_before} KiB before, {worker_after} after")
     growth, grower = max(worker_growth)
-    print(f"  largest growth at one save: {growth} KiB, {grower!r} (save-time compile runs in this process)")
+    print(f"  largest growth at one save: {growth} KiB, {grower!r} (save-time compiles run in the rule sandbox)")
     print(f"sandbox children peak VmHWM sampled: {child_peak[0]} KiB")
     print(f"disguises accepted at save (the save-time policy's to refuse): {len(accepted_disguises)}")
     for program, causes in accepted_disguises:

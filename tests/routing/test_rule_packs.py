@@ -14,8 +14,16 @@ import pytest
 from routing.decision import decide
 from routing.envelope import build_envelope, once_key
 from routing.models import Decision, Evaluation, Fault, Grant, Target
-from routing.rules import RuleValidationError, validate_rules
+from routing.rules import RuleValidationError
+from routing.rules import validate_rules as validate_rules_with
 from routing.workorder import WORK_ORDER_AUTHORITY
+from tests.helpers import compiled_here
+
+
+def validate_rules(rules: Any, default: Any, params: Any, g: Grant) -> list[dict[str, Any]]:
+    """validate_rules with the compile verdicts the sandbox child would give (computed in this process)."""
+    return validate_rules_with(rules, default, params, g, compiled=compiled_here(rules))
+
 
 PACKS = Path(__file__).resolve().parents[2] / "docs" / "routing" / "rule-packs"
 FLEET = json.loads((PACKS / "fleet.json").read_text())

@@ -10,15 +10,27 @@ from routing.jq_policy import REFUSED_FUNCTIONS, tokenize
 from routing.models import Grant, Target
 from routing.rules import (
     MAX_RULES,
+    NOT_CHECKED,
     RuleValidationError,
-    check_expression,
     mint_rule_id,
     parse_action,
-    validate_config,
     validate_default_action,
     validate_params,
-    validate_rules,
 )
+from routing.rules import validate_config as validate_config_with
+from routing.rules import validate_rules as validate_rules_with
+from tests.helpers import check_here as check_expression
+from tests.helpers import compiled_here
+
+
+def validate_rules(rules: Any, default: Any, params: Any, g: Grant, **kw: Any) -> list[dict[str, Any]]:
+    """validate_rules with the compile verdicts the sandbox child would give (computed in this process)."""
+    return validate_rules_with(rules, default, params, g, compiled=compiled_here(rules), **kw)
+
+
+def validate_config(rules: Any, default: Any, params: Any, g: Grant) -> Any:
+    """validate_config with the compile verdicts the sandbox child would give (computed in this process)."""
+    return validate_config_with(rules, default, params, g, compiled=compiled_here(rules))
 
 
 def grant(**overrides: Any) -> Grant:
@@ -458,3 +470,49 @@ def test_unnamed_rule_message() -> None:
     err = reject([rule("only", expr="input")])
     assert err.message.startswith('rule 0 (id "only"): ')
     assert err.rule_name is None
+
+
+# --- the compile verdict comes from the sandbox, never skipped ------------------------------------------
+
+
+def test_an_expression_without_a_sandbox_verdict_is_refused_not_saved_unchecked() -> None:
+    rules = [rule("ok", expr="true"), rule("new", name="fresh", expr=".verified")]
+    with pytest.raises(RuleValidationError) as info:
+        validate_rules_with(rules, None, None, grant(), compiled={"true": None})
+    err = info.value
+    assert (err.code, err.rule_index, err.rule_id, err.rule_name) == ("invalid_expression", 1, "new", "fresh")
+    assert err.message == f'rule 1 (id "new", name "fresh"): {NOT_CHECKED}'
+    with pytest.raises(RuleValidationError) as info:
+        validate_config_with([rule()], None, None, grant())  # no verdicts at all: fails closed
+    assert info.value.code == "invalid_expression" and info.value.rule_index == 0
+
+
+def test_the_policy_still_answers_first_without_a_sandbox_verdict() -> None:
+    with pytest.raises(RuleValidationError) as info:
+        validate_rules_with([rule(expr="env | .a")], None, None, grant())
+    assert info.value.code == "forbidden_function"
+
+
+def test_a_sandbox_refusal_names_the_rule() -> None:
+    expr = '"x" * 1e9 | length > 0'
+    verdict = "compiling exceeds the sandbox's memory or time limit"
+    with pytest.raises(RuleValidationError) as info:
+        validate_rules_with(
+            [rule("a"), rule("big", expr=expr)],
+            None,
+            None,
+            grant(),
+            compiled={'.kind == "issues"': None, expr: verdict},
+        )
+    err = info.value
+    assert (err.code, err.rule_index, err.rule_id) == ("invalid_expression", 1, "big")
+    assert err.message == f'rule 1 (id "big"): {verdict}'
+
+
+def test_compile_candidates_skip_what_validation_refuses_first() -> None:
+    from routing.rules import MAX_EXPR_BYTES, compile_candidates
+
+    rules = [rule(expr="true"), rule(expr="true"), rule(expr="env"), rule(expr=" " * (MAX_EXPR_BYTES + 1)), 3]
+    assert compile_candidates(rules) == ["true"]
+    assert compile_candidates([rule()] * (MAX_RULES + 1)) == []
+    assert compile_candidates("not a list") == []

@@ -1,0 +1,103 @@
+"""Save-time compile checks in the sandbox child: libjq's constant folding never runs in the caller (issue 8)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+
+import pytest
+
+from routing.rules import COMPILE_LIMIT, CompileCheckUnavailable, compile_failure
+from routing.sandbox import SandboxPool, check_in_process
+from tests.routing.test_sandbox import ENVELOPE, causes, rules
+
+# Folded while compiling: 200 MB and 1 GB strings, past the child's 128 MiB address-space cap.
+TOO_BIG = ['"x" * 200000000 | length > 0', '"x" * 1e9 | length > 0']
+ORDINARY = ["true", ".verified", '.kind == "issues.opened"', "$params.x == 1", "def f: f; f", "[range(1e9)] | length"]
+BROKEN = [".a ==", "if true then 1", "$nope", "nosuchfunction(1)"]
+
+
+def vm_hwm_kib() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+
+
+@pytest.fixture(scope="module")
+async def pool() -> AsyncIterator[SandboxPool]:
+    sandbox = SandboxPool()
+    yield sandbox
+    await sandbox.close()
+
+
+async def test_the_child_check_agrees_with_the_in_process_compile(pool: SandboxPool) -> None:
+    exprs = ORDINARY + BROKEN
+    verdicts = await pool.check(exprs)
+    assert verdicts == check_in_process(exprs)
+    assert verdicts[: len(ORDINARY)] == [None] * len(ORDINARY)
+    assert all(v is not None and v.startswith(compile_failure("")) for v in verdicts[len(ORDINARY) :]), verdicts
+
+
+async def test_a_compile_past_the_memory_cap_is_refused_and_the_rest_still_checked(pool: SandboxPool) -> None:
+    before = vm_hwm_kib()
+    exprs = ["true", TOO_BIG[0], ".a ==", TOO_BIG[1], ".verified"]
+    verdicts = await pool.check(exprs)
+    assert verdicts[0] is None and verdicts[4] is None
+    assert verdicts[1] == COMPILE_LIMIT and verdicts[3] == COMPILE_LIMIT
+    assert verdicts[2] is not None and verdicts[2].startswith("expression does not compile")
+    # libjq allocated those strings in a child, not here.
+    assert vm_hwm_kib() - before < 8 * 1024
+    # The killed children were replaced: the pool still evaluates.
+    assert (await pool.evaluate(rules("false", "true"), None, ENVELOPE)).matched_index == 1
+
+
+async def test_an_empty_check_starts_no_child() -> None:
+    sandbox = SandboxPool()
+    try:
+        assert await sandbox.check([]) == []
+        assert sandbox.child_pids() == []
+    finally:
+        await sandbox.close()
+
+
+async def test_a_check_past_the_hard_deadline_fails_closed() -> None:
+    sandbox = SandboxPool(hard_deadline=0.001)  # no child can even start in time
+    try:
+        verdicts = await sandbox.check(["true", ".verified"])
+    finally:
+        await sandbox.close()
+    assert all(v is not None and v.startswith("expression could not be compile-checked") for v in verdicts), verdicts
+
+
+async def test_no_slot_or_a_closed_pool_is_unavailable_never_accepted() -> None:
+    sandbox = SandboxPool(max_children=1, rule_timeout=0.5, event_budget=1.0, acquire_timeout=0.02)
+    try:
+        holder = asyncio.create_task(sandbox.evaluate(rules("def f: f; f"), None, ENVELOPE))
+        await asyncio.sleep(0.05)
+        with pytest.raises(CompileCheckUnavailable, match="no sandbox slot"):
+            await sandbox.check(["true"])
+        assert causes(await holder) == [(0, "timeout")]
+    finally:
+        await sandbox.close()
+    with pytest.raises(CompileCheckUnavailable, match="closed"):
+        await sandbox.check(["true"])
+
+
+FORGING_CHILD = r"""
+import json, sys
+out = sys.stdout.buffer
+out.write(b"SBX1 [0,\"ready\"]\n"); out.flush()
+for line in sys.stdin.buffer:
+    seq = json.loads(line.partition(b"\t")[0])["seq"]
+    out.write(b"SBX1 [%d,\"r\",7,\"compile_error\",\"x\"]\n" % seq); out.flush()
+"""
+
+
+async def test_a_malformed_check_reply_refuses_everything_unchecked() -> None:
+    sandbox = SandboxPool()
+    sandbox._argv = [sys.executable, "-I", "-c", FORGING_CHILD]
+    try:
+        verdicts = await sandbox.check(["true", ".verified"])
+    finally:
+        await sandbox.close()
+    assert all(v is not None and v.startswith("expression could not be compile-checked") for v in verdicts), verdicts
