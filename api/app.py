@@ -44,8 +44,9 @@ DESCRIPTION = """Switchboard turns webhook deliveries into durable, explainable 
 def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI:
     """Build the app; the lifespan opens the pool, the rule verbs' sandbox and (unless given) the Temporal client.
 
-    The dry-run and backtest verbs get a sandbox pool of their own (SWITCHBOARD_RULE_TEST_SLOTS children), so
-    they can never take a slot from a delivery's evaluation, which runs on the evaluate workers.
+    The dry-run and backtest verbs, and every rule verb's save-time compile (libjq must never compile a rule in
+    this process), get a sandbox pool of their own (SWITCHBOARD_RULE_TEST_SLOTS children), so they can never
+    take a slot from a delivery's evaluation, which runs on the evaluate workers.
     """
 
     # Before anything can log: every record of the process is masked (ingest tokens, credentials, secrets).

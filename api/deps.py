@@ -45,7 +45,7 @@ class Services:
     webhook_admin_limits: TokenBuckets
     extras: dict[str, Any] = field(default_factory=dict)
     doorbell: DoorbellHub = field(default_factory=DoorbellHub)
-    # The dry-run and backtest verbs' own sandbox; deliveries evaluate on the evaluate workers, never here.
+    # The rule verbs' own sandbox (dry-run, backtest, save-time compiles); deliveries evaluate on the workers.
     rule_sandbox: SandboxPool | None = None
     # One backtest at a time per caller: up to 200 evaluations each, they queue behind their own caller's.
     backtests: KeyedLimits = field(default_factory=lambda: KeyedLimits(1))

@@ -1,7 +1,8 @@
 """Rule verbs of the webhooks family: manage a webhook's rules, dry-run them, backtest them over history.
 
-Mutations are read-modify-validate-write under the webhook's row lock (store.rules); the dry-run and the
-backtest route with the receiver's own pieces (build_envelope, the sandbox, decide) and persist nothing.
+Mutations compile their rules in the rule sandbox, then read-modify-validate-write under the webhook's row
+lock (store.rules); the dry-run and the backtest route with the receiver's own pieces (build_envelope, the
+sandbox, decide) and persist nothing.
 """
 
 from __future__ import annotations
@@ -241,7 +242,7 @@ def _index_of(rules: RulesJSON, rule_id: str) -> int | None:
 
 
 def sandbox_of(ctx: Context) -> SandboxPool:
-    """The rule verbs' own sandbox pool (built by the app lifespan), apart from every delivery's evaluation."""
+    """The rule verbs' own sandbox pool (built by the app lifespan): dry-runs, backtests and save-time compiles."""
     pool = ctx.services.rule_sandbox
     if pool is None:
         raise RuntimeError("the rule verbs' sandbox is not running (app lifespan not entered)")
