@@ -580,7 +580,8 @@ class SandboxPool:
         Each expression compiles alone through the child's RuleEngine.prepare, as evaluation compiles it, so
         libjq's constant folding (``"x" * 2e8``) spends a capped child's memory, never this process's. A child
         killed or dead while compiling one expression refuses that one and the rest go on a spare; the whole
-        check is bounded by the hard deadline. Raises CompileCheckUnavailable when no slot frees in time.
+        check is bounded by the hard deadline. Raises CompileCheckUnavailable when no slot or child is had in
+        time (and no expression is to blame).
         """
         verdicts: list[str | None] = [None] * len(exprs)
         if not exprs:
@@ -604,9 +605,15 @@ class SandboxPool:
         index = 0
         replacements = 0
         while index < len(exprs):
-            child = await self._take(hard_at) if replacements <= _MAX_REPLACEMENTS else None
+            lost = replacements > _MAX_REPLACEMENTS
+            child = None if lost else await self._take(hard_at)
             if child is None:  # fail closed: what was not checked cannot be saved
-                verdicts[index:] = [f"{COMPILE_LIMIT} (not checked: no sandbox child in time)"] * (len(exprs) - index)
+                if not lost and all(verdict is None for verdict in verdicts[:index]):
+                    # No rule is to blame yet (a child could not start in time): the sandbox is, not the save.
+                    raise CompileCheckUnavailable("no sandbox child started within the hard deadline")
+                # An earlier expression is refused already, and validation names it first.
+                why = "too many sandbox children lost" if lost else "no sandbox child in time"
+                verdicts[index:] = [f"{COMPILE_LIMIT} (not checked: {why})"] * (len(exprs) - index)
                 return
             self._seq += 1
             header = json.dumps({"seq": self._seq, "check": exprs[index:]}, separators=(",", ":"))

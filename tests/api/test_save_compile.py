@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
+from routing.rules import CompileCheckUnavailable
 from tests.conftest import Stack
 from tests.helpers import issue_payload, post_github
 
@@ -96,3 +100,27 @@ async def test_a_stored_rule_that_no_longer_compiles_blocks_a_move_until_fixed(s
     assert resp.json()["error"]["message"] == f'rule 0 (id "big", name "the bomb"): {COMPILE_LIMIT}'
     fixed = await agent.ok("update_webhook_rule", {"webhook_id": wid, "rule_id": "big", "rule": {"expr": "true"}})
     assert [r["expr"] for r in fixed["rules"]] == [".verified", "true"]
+
+
+async def test_a_sandbox_that_cannot_check_answers_sandbox_busy_and_saves_nothing(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = await stack.agent(queues=["work"])
+    wid = (await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"}))["webhook_id"]
+    await agent.ok("set_webhook_rules", {"webhook_id": wid, "rules": [PLAIN]})
+
+    async def busy(exprs: Sequence[str]) -> list[str | None]:
+        raise CompileCheckUnavailable("no sandbox slot within 10000 ms")
+
+    monkeypatch.setattr(stack.app.state.services.rule_sandbox, "check", busy)
+    resp = await agent.call("set_webhook_rules", {"webhook_id": wid, "rules": [PLAIN, big("true")]})
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["error"]["code"] == "sandbox_busy"
+    assert "no sandbox slot" in resp.json()["error"]["message"]
+    # A list with nothing to compile (removing the last rule) needs no sandbox.
+    cleared = await agent.ok("remove_webhook_rule", {"webhook_id": wid, "rule_id": "plain"})
+    assert cleared["rules"] == []
+    monkeypatch.undo()
+    assert [r["id"] for r in (await agent.ok("set_webhook_rules", {"webhook_id": wid, "rules": [PLAIN]}))["rules"]] == [
+        "plain"
+    ]

@@ -60,13 +60,28 @@ async def test_an_empty_check_starts_no_child() -> None:
         await sandbox.close()
 
 
-async def test_a_check_past_the_hard_deadline_fails_closed() -> None:
+async def test_no_child_within_the_hard_deadline_is_unavailable_never_accepted() -> None:
     sandbox = SandboxPool(hard_deadline=0.001)  # no child can even start in time
     try:
-        verdicts = await sandbox.check(["true", ".verified"])
+        with pytest.raises(CompileCheckUnavailable, match="hard deadline"):
+            await sandbox.check(["true", ".verified"])
     finally:
         await sandbox.close()
-    assert all(v is not None and v.startswith("expression could not be compile-checked") for v in verdicts), verdicts
+
+
+async def test_a_compile_past_the_hard_deadline_refuses_the_expression_compiling_then() -> None:
+    sandbox = SandboxPool(hard_deadline=1.0)
+    # Each folds 100 MB (under the cap, about 0.2 s here): twenty of them cannot all compile within 1 s.
+    exprs = [f'"x" * {10**8 + i} | length > 0' for i in range(20)]
+    try:
+        await sandbox.check(["true"])  # a warm child: the deadline is the compiles' alone
+        verdicts = await sandbox.check(exprs)
+    finally:
+        await sandbox.close()
+    assert COMPILE_LIMIT in verdicts, verdicts
+    first = verdicts.index(COMPILE_LIMIT)
+    assert verdicts[:first] == [None] * first
+    assert all(v is not None and v.startswith(COMPILE_LIMIT) for v in verdicts[first:]), verdicts
 
 
 async def test_no_slot_or_a_closed_pool_is_unavailable_never_accepted() -> None:
