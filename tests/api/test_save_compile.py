@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
 from typing import Any
 
-import pytest
-
-from routing.rules import CompileCheckUnavailable
 from tests.conftest import Stack
 from tests.helpers import issue_payload, post_github
 
@@ -102,25 +98,22 @@ async def test_a_stored_rule_that_no_longer_compiles_blocks_a_move_until_fixed(s
     assert [r["expr"] for r in fixed["rules"]] == [".verified", "true"]
 
 
-async def test_a_sandbox_that_cannot_check_answers_sandbox_busy_and_saves_nothing(
-    stack: Stack, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_sandbox_that_cannot_check_answers_sandbox_busy_and_saves_nothing(stack: Stack) -> None:
     agent = await stack.agent(queues=["work"])
     wid = (await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"}))["webhook_id"]
     await agent.ok("set_webhook_rules", {"webhook_id": wid, "rules": [PLAIN]})
+    await stack.app.state.services.rule_sandbox.close()  # as at shutdown: nothing can compile-check now
 
-    async def busy(exprs: Sequence[str]) -> list[str | None]:
-        raise CompileCheckUnavailable("no sandbox slot within 10000 ms")
-
-    monkeypatch.setattr(stack.app.state.services.rule_sandbox, "check", busy)
-    resp = await agent.call("set_webhook_rules", {"webhook_id": wid, "rules": [PLAIN, big("true")]})
-    assert resp.status_code == 503, resp.text
-    assert resp.json()["error"]["code"] == "sandbox_busy"
-    assert "no sandbox slot" in resp.json()["error"]["message"]
+    for verb, body in (
+        ("set_webhook_rules", {"rules": [PLAIN, big("true")]}),
+        ("add_webhook_rule", {"rule": big("true")}),
+        ("test_webhook_rules", {"payload": {}, "rules": [big("true")]}),
+    ):
+        resp = await agent.call(verb, {"webhook_id": wid, **body})
+        assert resp.status_code == 503, (verb, resp.text)
+        assert resp.json()["error"]["code"] == "sandbox_busy", verb
+        assert "could not be compile-checked" in resp.json()["error"]["message"], verb
+    assert [r["id"] for r in (await agent.ok("list_webhook_rules", {"webhook_id": wid}))["rules"]] == ["plain"]
     # A list with nothing to compile (removing the last rule) needs no sandbox.
     cleared = await agent.ok("remove_webhook_rule", {"webhook_id": wid, "rule_id": "plain"})
     assert cleared["rules"] == []
-    monkeypatch.undo()
-    assert [r["id"] for r in (await agent.ok("set_webhook_rules", {"webhook_id": wid, "rules": [PLAIN]}))["rules"]] == [
-        "plain"
-    ]
