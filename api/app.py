@@ -20,6 +20,7 @@ from api.errors import install_error_handlers
 from api.mcp import McpSurface
 from api.middleware import AgentAuthMiddleware, BodyLimitMiddleware, RequestLogMiddleware
 from store.db import open_pool
+from store.doorbell import DoorbellStore
 from switchboard.settings import Settings
 from switchboard.temporal import connect
 
@@ -54,8 +55,14 @@ def create_app(settings: Settings, *, temporal: Client | None = None, sandbox: A
         app.state.services = Services.build(settings, pool, client)
         if sandbox is not None:
             app.state.services.extras["sandbox"] = sandbox
+        hub = app.state.services.doorbell
+        hub.watchers.append(mcp)  # a revoke closes the endpoint's MCP sessions too
         try:
-            async with run_doorbell(settings.database_url, app.state.services.doorbell), mcp.running():
+            async with (
+                run_doorbell(settings.database_url, hub, DoorbellStore(pool)) as listener,
+                mcp.running(),
+            ):
+                app.state.doorbell = listener
                 yield
         finally:
             # The rule verbs' sandbox pool (api/verbs/rules.py) is started lazily; its children die with us.

@@ -1,10 +1,24 @@
 """The new-todo doorbell: one LISTEN connection per API process relays commits to open agent streams.
 
-The commit `pg_notify`s `switchboard_todos` once per newly created todo. This process listens on one
-dedicated connection and hands each ring to ONE open stream (SSE or MCP) of the todo's endpoint whose
-scope covers the todo's queue, round-robin. A ring is advisory: a full buffer drops it, a stream that is
-not open misses it, and the todo stays pending for pull either way. Rings carry ids, queue, kind, source
-and title — never a payload or a secret.
+The commit `pg_notify`s `switchboard_todos` once per newly created todo, with ids only (todo and endpoint).
+Every API process listens on one dedicated connection. A process that holds an open stream (SSE or MCP) of
+the todo's endpoint whose scope covers the todo's queue claims the ring in the database
+(`UPDATE todos SET rung_at = now() WHERE rung_at IS NULL …`, store/doorbell.py); only the one process whose
+claim wins rings, and it hands the ring to ONE of its eligible streams, round-robin. So a todo rings exactly
+one session across all processes; processes with no eligible stream never touch the row.
+
+A ring is advisory: a full buffer (16) drops it and never blocks; a dropped ring is given back
+(`rung_at` cleared) so a later catch-up may ring it; the todo stays pending for pull either way.
+
+The LISTEN connection cannot go deaf: libpq TCP keepalives, plus a round trip every `check_seconds`: a
+NOTIFY sent through the pool on a channel only this process listens to must come back on the LISTEN
+connection in time, or the connection is dropped and reopened (backoff up to 10 s). After a reconnect the
+listener catches up from the database: pending, unrung todos of its streams' endpoints created since it
+was last known to hear (minus a margin) ring now, once, through the same claim.
+
+Revoking an endpoint NOTIFYs `switchboard_revoked`; every process closes that endpoint's SSE streams and
+MCP sessions at once. The same round trip re-checks the endpoints with open streams here, so a revoke
+missed while reconnecting still closes them within one check.
 
 The LISTEN connection is the one psycopg use outside `store/`: it is a transport, not a query.
 """
@@ -15,24 +29,55 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Protocol
 
 import psycopg
-from psycopg import sql
+from psycopg import Notify
 
+from store.db import KEEPALIVES
 from store.deliveries import DOORBELL_CHANNEL
+from store.doorbell import REVOKED_CHANNEL, DoorbellStore, RingRow, listen
 
 log = logging.getLogger("switchboard.doorbell")
 
 BUFFER = 16
 """Rings a stream may hold before further rings to it are dropped."""
 
+CHECK_SECONDS = 2.0
+"""Liveness round trip period: a LISTEN connection that misses one is replaced (so deafness lasts < 2 periods)."""
+
+CATCH_UP_MARGIN = timedelta(seconds=60)
+"""How far before the last proven-alive moment a catch-up looks: covers commits that started earlier."""
+
+CATCH_UP_LIMIT = 500
+"""Most todos one catch-up rings per endpoint; the rest stay pending for pull."""
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One doorbell notification: the ids of a newly created todo."""
+
+    todo_id: str
+    endpoint_id: str
+
+    @classmethod
+    def parse(cls, payload: str) -> Notice | None:
+        """The notice in a notification payload; None when it is not one."""
+        try:
+            raw = json.loads(payload)
+            return cls(todo_id=str(raw["todo_id"]), endpoint_id=str(raw["endpoint_id"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
 
 @dataclass(frozen=True)
 class Ring:
-    """One newly created todo, as the commit announced it."""
+    """One newly created todo, as the todos table shows it."""
 
     todo_id: str
     endpoint_id: str
@@ -42,20 +87,9 @@ class Ring:
     title: str
 
     @classmethod
-    def parse(cls, payload: str) -> Ring | None:
-        """The ring in a notification payload; None when it is not one."""
-        try:
-            raw = json.loads(payload)
-            return cls(
-                todo_id=str(raw["todo_id"]),
-                endpoint_id=str(raw["endpoint_id"]),
-                queue=str(raw["queue"]),
-                kind=None if raw.get("kind") is None else str(raw["kind"]),
-                source=str(raw.get("source") or ""),
-                title=str(raw.get("title") or ""),
-            )
-        except (ValueError, KeyError, TypeError):
-            return None
+    def of(cls, row: RingRow) -> Ring:
+        """The ring of a claimed row."""
+        return cls(row.todo_id, row.endpoint_id, row.queue, row.kind, row.source, row.title)
 
     def event(self) -> dict[str, Any]:
         """The SSE `todo` event data."""
@@ -76,6 +110,10 @@ class Ring:
         }
 
 
+class StreamClosed(Exception):
+    """The stream's endpoint was revoked: the stream must end."""
+
+
 @dataclass(eq=False)
 class Subscriber:
     """One open stream of one endpoint, with the queues its scope grants and a bounded buffer."""
@@ -84,8 +122,41 @@ class Subscriber:
     queues: frozenset[str]
     transport: str
     buffer: asyncio.Queue[Ring] = field(default_factory=lambda: asyncio.Queue(maxsize=BUFFER))
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
     delivered: int = 0
     dropped: int = 0
+
+    async def next(self, within: float | None = None) -> Ring | None:
+        """The next ring; None after `within` seconds without one; StreamClosed once the endpoint is revoked."""
+        if self.closed.is_set():
+            raise StreamClosed
+        if not self.buffer.empty():
+            return self.buffer.get_nowait()
+        get = asyncio.ensure_future(self.buffer.get())
+        close = asyncio.ensure_future(self.closed.wait())
+        try:
+            done, _ = await asyncio.wait((get, close), timeout=within, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            close.cancel()
+            if not get.done():
+                get.cancel()
+        if get in done:
+            return get.result()
+        if close in done:
+            raise StreamClosed
+        return None
+
+
+class Watcher(Protocol):
+    """Something else holding an endpoint's credential open (MCP sessions): closed on revoke."""
+
+    def endpoints(self) -> set[str]:
+        """Endpoints it holds open now."""
+        ...
+
+    async def revoke(self, endpoint_id: str) -> None:
+        """Close everything it holds open for the endpoint."""
+        ...
 
 
 @dataclass
@@ -94,9 +165,12 @@ class DoorbellHub:
 
     subscribers: dict[str, list[Subscriber]] = field(default_factory=dict)
     cursors: dict[str, int] = field(default_factory=dict)
+    watchers: list[Watcher] = field(default_factory=list)
     rung: int = 0
     dropped: int = 0
     unheard: int = 0
+    """Notifications this process did not ring: no eligible stream here, or another process (or a claim) won."""
+    revoked: int = 0
 
     @contextlib.contextmanager
     def subscription(self, endpoint_id: str, queues: list[str], transport: str) -> Iterator[Subscriber]:
@@ -117,11 +191,21 @@ class DoorbellHub:
         """How many streams of the endpoint are open (of one transport, if given)."""
         return sum(1 for s in self.subscribers.get(endpoint_id, []) if transport in (None, s.transport))
 
-    def ring(self, ring: Ring) -> Subscriber | None:
-        """Hand the ring to one eligible stream; None when nobody heard it (no stream, or its buffer was full)."""
+    def endpoints(self) -> set[str]:
+        """Endpoints with anything open in this process (streams, MCP sessions)."""
+        out = set(self.subscribers)
+        for watcher in self.watchers:
+            out |= watcher.endpoints()
+        return out
+
+    def queues(self, endpoint_id: str) -> list[str]:
+        """The queues the endpoint's open streams here may be rung for."""
+        return sorted({q for s in self.subscribers.get(endpoint_id, []) for q in s.queues})
+
+    def offer(self, ring: Ring) -> Subscriber | None:
+        """Hand a claimed ring to one eligible stream; None when nobody took it (no stream, or its buffer was full)."""
         eligible = [s for s in self.subscribers.get(ring.endpoint_id, []) if ring.queue in s.queues]
         if not eligible:
-            self.unheard += 1
             return None
         turn = self.cursors.get(ring.endpoint_id, 0)
         self.cursors[ring.endpoint_id] = turn + 1
@@ -136,15 +220,67 @@ class DoorbellHub:
         self.rung += 1
         return sub
 
+    async def ring(self, store: DoorbellStore, todo_id: str, endpoint_id: str) -> Subscriber | None:
+        """Ring one of this process's streams for a new todo if this process wins the todo's one ring."""
+        queues = self.queues(endpoint_id)
+        if not queues:  # no stream of the endpoint here: leave the ring to the processes that have one
+            self.unheard += 1
+            return None
+        row = await store.claim(todo_id, endpoint_id, queues)
+        if row is None:
+            self.unheard += 1
+            return None
+        sub = self.offer(Ring.of(row))
+        if sub is None:
+            # Nobody here took it (a full buffer, or the stream closed meanwhile): give the ring back so a
+            # catch-up may ring it; the todo stays pending for pull either way.
+            await store.unclaim(todo_id)
+        return sub
+
+    async def revoke(self, endpoint_id: str) -> None:
+        """Close every stream and session of a revoked endpoint in this process."""
+        subs = list(self.subscribers.get(endpoint_id, []))
+        for sub in subs:
+            sub.closed.set()
+        closed = len(subs)
+        for watcher in self.watchers:
+            if endpoint_id in watcher.endpoints():
+                closed += 1
+                await watcher.revoke(endpoint_id)
+        if closed:
+            self.revoked += 1
+            log.info("endpoint %s revoked: closing its %d open stream(s)/session(s) here", endpoint_id, closed)
+
+
+class Deaf(Exception):
+    """The LISTEN connection did not hear its own liveness round trip in time."""
+
 
 class DoorbellListener:
-    """The process's one LISTEN connection; reconnects with backoff and stops cleanly."""
+    """The process's one LISTEN connection: liveness checks, reconnect with backoff, catch-up, clean stop."""
 
-    def __init__(self, database_url: str, hub: DoorbellHub, *, max_backoff: float = 10.0) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        hub: DoorbellHub,
+        store: DoorbellStore,
+        *,
+        check_seconds: float = CHECK_SECONDS,
+        max_backoff: float = 10.0,
+    ) -> None:
         self.database_url = database_url
         self.hub = hub
+        self.store = store
+        self.check_seconds = check_seconds
         self.max_backoff = max_backoff
         self.listening = asyncio.Event()
+        # A channel only this process listens to, for its own liveness round trips.
+        self.ping_channel = f"switchboard_ping_{secrets.token_hex(8)}"
+        self.alive_at: datetime | None = None
+        """The server's clock at the last moment this listener was proven to hear (None before the first)."""
+        self.connects = 0
+        self.caught_up = 0
+        self._repair_since: datetime | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self, wait: float = 5.0) -> None:
@@ -164,30 +300,114 @@ class DoorbellListener:
 
     async def _run(self) -> None:
         backoff = 0.2
+        failing = False
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self.database_url, autocommit=True, connect_timeout=10
-                ) as conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(DOORBELL_CHANNEL)))
-                    self.listening.set()
-                    backoff = 0.2
-                    async for note in conn.notifies():
-                        ring = Ring.parse(note.payload)
-                        if ring is not None:
-                            self.hub.ring(ring)
+                conn = await asyncio.wait_for(
+                    psycopg.AsyncConnection.connect(
+                        self.database_url, autocommit=True, connect_timeout=10, **KEEPALIVES
+                    ),
+                    15,
+                )
             except Exception as exc:  # the relay must outlive any failure; cancellation still stops it
-                self.listening.clear()
-                # Rings committed while disconnected are lost; their todos stay pending for pull.
-                log.warning("doorbell connection lost (%s); reconnecting in %.1fs", type(exc).__name__, backoff)
+                if not failing:
+                    log.warning("doorbell cannot connect (%s); retrying with backoff", _reason(exc))
+                failing = True
+            else:
+                failing = False
+                try:
+                    await self._serve(conn)
+                except Exception as exc:
+                    log.warning("doorbell connection lost (%s); reconnecting", _reason(exc))
+                    backoff = 0.2 if self.listening.is_set() else backoff
+                finally:
+                    self.listening.clear()
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(conn.close(), 2)
             await asyncio.sleep(backoff)
             backoff = min(self.max_backoff, backoff * 2)
 
+    async def _serve(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """LISTEN, catch up on any gap, then relay notifications while proving the connection alive."""
+        await asyncio.wait_for(listen(conn, self.ping_channel), self.check_seconds * 2 + 5)
+        gap_since = self.alive_at
+        await self._round_trip(conn)  # heard from here on: what committed before is the catch-up's
+        self.connects += 1
+        self.listening.set()
+        if gap_since is None:
+            log.info("doorbell listening")
+        else:
+            found = await self.catch_up(gap_since - CATCH_UP_MARGIN)
+            log.info("doorbell listening again; caught up %d unrung todo(s)", found)
+        while True:
+            await self._round_trip(conn)
+            if self._repair_since is not None:
+                since, self._repair_since = self._repair_since, None
+                await self.catch_up(since - CATCH_UP_MARGIN)
+
+    async def _round_trip(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Send a ping through the pool and relay notifications until it comes back; Deaf if it does not in time."""
+        token = secrets.token_hex(8)
+        started = time.monotonic()
+        check = await asyncio.wait_for(
+            self.store.ping(self.ping_channel, token, sorted(self.hub.endpoints())), self.check_seconds * 2
+        )
+        for endpoint_id in check.revoked:
+            await self.hub.revoke(endpoint_id)
+        heard = False
+        first = not self.listening.is_set()
+        while True:
+            left = (self.check_seconds if heard else self.check_seconds * 1.5) - (time.monotonic() - started)
+            if left <= 0 or (heard and first):  # the first round trip only has to prove the connection
+                break
+            # aclosing: leaving the loop early must release the connection's lock and keep its backlog.
+            async with contextlib.aclosing(conn.notifies(timeout=left)) as notes:
+                async for note in notes:
+                    if note.channel == self.ping_channel:
+                        heard = heard or note.payload == token
+                        if heard and first:
+                            break
+                    else:
+                        await self._relay(note, check.now)
+        if not heard:
+            raise Deaf(f"no liveness round trip within {self.check_seconds * 1.5:.1f}s")
+        # Heard: everything committed before the ping was sent has been delivered to this connection.
+        self.alive_at = check.now
+
+    async def _relay(self, note: Notify, now: datetime) -> None:
+        try:
+            if note.channel == REVOKED_CHANNEL:
+                await self.hub.revoke(note.payload)
+            elif note.channel == DOORBELL_CHANNEL and (notice := Notice.parse(note.payload)) is not None:
+                await self.hub.ring(self.store, notice.todo_id, notice.endpoint_id)
+        except Exception as exc:  # a failed claim must not silence the listener; the next check repairs it
+            log.warning("doorbell ring failed (%s); will catch up", _reason(exc))
+            since = self.alive_at or now
+            self._repair_since = since if self._repair_since is None else min(since, self._repair_since)
+
+    async def catch_up(self, since: datetime) -> int:
+        """Ring what this process's streams missed: pending, unrung todos of their endpoints since `since`."""
+        found = 0
+        for endpoint_id in list(self.hub.subscribers):
+            queues = self.hub.queues(endpoint_id)
+            if not queues:
+                continue
+            for todo_id in await self.store.missed(endpoint_id, queues, since, CATCH_UP_LIMIT):
+                if await self.hub.ring(self.store, todo_id, endpoint_id) is not None:
+                    found += 1
+        self.caught_up += found
+        return found
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
 
 @contextlib.asynccontextmanager
-async def run_doorbell(database_url: str, hub: DoorbellHub) -> AsyncIterator[DoorbellListener]:
+async def run_doorbell(database_url: str, hub: DoorbellHub, store: DoorbellStore) -> AsyncIterator[DoorbellListener]:
     """Listen for the life of the block (the app lifespan)."""
-    listener = DoorbellListener(database_url, hub)
+    listener = DoorbellListener(database_url, hub, store)
     await listener.start()
     try:
         yield listener

@@ -6,7 +6,8 @@ session on its next request. Each session is bound to the endpoint that opened i
 session id presented by another endpoint). A tool call runs the same handler as `POST /v1/{verb}`.
 
 Sessions are stateful: when a session opens its standalone GET stream, that stream becomes one of the
-endpoint's doorbell subscribers, and rings reach it as `notifications/claude/channel`.
+endpoint's doorbell subscribers, and rings reach it as `notifications/claude/channel`. Revoking the endpoint
+terminates its sessions in every API process (the doorbell hub calls `revoke`), closing their open streams.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from api.deps import Services
+from api.doorbell import StreamClosed
 from api.middleware import send_json
 from api.ratelimit import retry_after
 from api.verbs import REGISTRY
@@ -244,8 +246,27 @@ class McpSurface:
         hub = scope["app"].state.services.doorbell
         with hub.subscription(caller.endpoint_id, caller.scope_queues, "mcp") as sub:
             while session_id in self.sessions:
-                ring = await sub.buffer.get()
-                await session.connection.notify(CHANNEL_METHOD, ring.channel())
+                try:
+                    ring = await sub.next()
+                except StreamClosed:  # revoked: the hub's revoke ends the session itself
+                    return
+                if ring is not None:
+                    await session.connection.notify(CHANNEL_METHOD, ring.channel())
+
+    # -- revocation (a doorbell Watcher) -------------------------------------------------------------
+
+    def endpoints(self) -> set[str]:
+        """Endpoints with an open MCP session in this process."""
+        return {s.endpoint_id for s in self.sessions.values()}
+
+    async def revoke(self, endpoint_id: str) -> None:
+        """End every MCP session of a revoked endpoint: its streams close and its session id answers 404."""
+        for session_id in [k for k, s in self.sessions.items() if s.endpoint_id == endpoint_id]:
+            self.sessions.pop(session_id, None)
+            # The SDK has no public "close this session" call; terminating its transport is what a DELETE does.
+            transport = self.manager._server_instances.pop(session_id, None)
+            if transport is not None and not transport.is_terminated:
+                await transport.terminate()
 
     def install(self, app: Starlette) -> None:
         """Route /mcp (GET stream, POST messages, DELETE session) to this app."""

@@ -4,11 +4,11 @@ The stream is not a verb: the verb allowlist does not gate it (AgentAuthMiddlewa
 in the registry, and "stream" must never become one). It needs a live bearer credential, and it only
 ever announces todos of the caller's own endpoint in the queues its scope grants — information the
 caller may already pull. A verb named "stream" would shadow this route, so registering one fails here.
+Revoking the endpoint ends the response (api/doorbell.py), in whichever API process holds it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api.deps import services
+from api.doorbell import StreamClosed
 from api.verbs import REGISTRY
 from store.models import Caller
 
@@ -47,8 +48,10 @@ async def stream(request: Request) -> EventSourceResponse:
             yield ServerSentEvent(comment="subscribed")
             while True:
                 try:
-                    ring = await asyncio.wait_for(sub.buffer.get(), heartbeat)
-                except TimeoutError:
+                    ring = await sub.next(heartbeat)
+                except StreamClosed:  # the endpoint was revoked: end the response
+                    return
+                if ring is None:
                     yield ServerSentEvent(comment="heartbeat")
                     continue
                 yield ServerSentEvent(event="todo", id=ring.todo_id, data=json.dumps(ring.event()))

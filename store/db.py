@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
@@ -19,14 +20,21 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 _MIGRATION_LOCK = 0x5B0A_4D16  # advisory lock id held while migrating
 
 
+KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
+"""libpq TCP keepalives (ignored on unix sockets), so a peer that vanished is noticed by the kernel too."""
+
+
 async def open_pool(url: str, *, max_size: int = 10, min_size: int = 1) -> Pool:
-    """Open a pool whose connections return dict rows."""
+    """Open a pool whose connections return dict rows and are checked before each use."""
     pool: Pool = AsyncConnectionPool(
         url,
         connection_class=AsyncConnection[DictRow],
         min_size=min_size,
         max_size=max_size,
-        kwargs={"row_factory": dict_row, "autocommit": True},
+        kwargs={"row_factory": dict_row, "autocommit": True, **KEEPALIVES},
+        # After a database restart every idle connection is dead: a check (one empty round trip) at
+        # checkout discards it and hands out a fresh one instead of failing the caller's statement.
+        check=AsyncConnectionPool.check_connection,
         open=False,
         timeout=10.0,
     )

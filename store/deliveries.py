@@ -35,6 +35,8 @@ RETURNING id
 """
 
 # One statement mints every target's todo and rings the doorbell for each new one (delivered at commit).
+# The notification carries ids only (two generated ids, well under pg_notify's 8,000-byte limit whatever the
+# delivery held); the listener reads what a ring shows from the todos table (store/doorbell.py).
 _INSERT_TODOS = """
 WITH ins AS (
     INSERT INTO todos (id, endpoint_id, queue, source, kind, title, payload, event_id, idempotency_key,
@@ -45,9 +47,8 @@ WITH ins AS (
     ON CONFLICT DO NOTHING
     RETURNING id, endpoint_id, queue
 )
-SELECT ins.id, pg_notify(%(channel)s, json_build_object(
-    'todo_id', ins.id, 'endpoint_id', ins.endpoint_id, 'queue', ins.queue,
-    'kind', %(kind)s::text, 'source', %(source)s::text, 'title', %(title)s::text)::text) AS rang
+SELECT ins.id, pg_notify(%(channel)s, json_build_object('todo_id', ins.id, 'endpoint_id', ins.endpoint_id)::text)
+    AS rang
 FROM ins
 """
 

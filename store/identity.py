@@ -7,6 +7,7 @@ from typing import Any
 import psycopg
 
 from store.db import Pool
+from store.doorbell import REVOKED_CHANNEL
 from store.errors import InvalidArgument, NotFound, Unauthenticated
 from store.ids import credential_hash, new_credential, new_id
 from store.models import Caller
@@ -16,6 +17,15 @@ SELECT e.id AS endpoint_id, e.agent_id, a.owner_human_id AS human_id, e.scope_qu
        e.webhook_max, e.webhook_source_types, e.webhook_queues
 FROM endpoints e JOIN agents a ON a.id = e.agent_id
 WHERE e.credential_hash = %s AND e.state = 'live'
+"""
+
+# The NOTIFY (delivered at commit) tells every API process to close the endpoint's open streams at once.
+_REVOKE = """
+WITH r AS (
+    UPDATE endpoints SET state = 'revoked', revoked_at = coalesce(revoked_at, now()) WHERE id = %(id)s
+    RETURNING id
+)
+SELECT id, pg_notify(%(channel)s, id) AS rang FROM r
 """
 
 
@@ -95,11 +105,7 @@ class IdentityStore:
     async def revoke_endpoint(self, endpoint_id: str) -> bool:
         """Revoke an endpoint at once; idempotent. Returns whether it exists."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                "UPDATE endpoints SET state = 'revoked', revoked_at = coalesce(revoked_at, now())"
-                " WHERE id = %s RETURNING id",
-                (endpoint_id,),
-            )
+            cur = await conn.execute(_REVOKE, {"id": endpoint_id, "channel": REVOKED_CHANNEL})
             row = await cur.fetchone()
         if row is None:
             raise NotFound("unknown endpoint")
