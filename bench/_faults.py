@@ -396,7 +396,9 @@ class FaultStack:
 
 
 @contextlib.contextmanager
-def fault_stack(*, apis: int = 1, workers: int = 1, commit_delay: float = 0.1, keep: bool = False) -> Iterator[FaultStack]:
+def fault_stack(
+    *, apis: int = 1, workers: int = 1, commit_delay: float = 0.1, keep: bool = False
+) -> Iterator[FaultStack]:
     """A started FaultStack in a scratch folder (short path: PostgreSQL's socket lives in its data dir)."""
     root = Path(tempfile.mkdtemp(prefix="sbf-"))
     stack = FaultStack(root, commit_delay=commit_delay)
@@ -438,9 +440,7 @@ def issue_body(n: int, delivery: str) -> bytes:
     ).encode()
 
 
-async def post_delivery(
-    http: httpx.AsyncClient, base: str, api: int, hook: Hook, delivery: str, body: bytes
-) -> Answer:
+async def post_delivery(http: httpx.AsyncClient, base: str, api: int, hook: Hook, delivery: str, body: bytes) -> Answer:
     """One signed GitHub `issues` delivery; never retried."""
     headers = {"X-GitHub-Event": "issues", "X-GitHub-Delivery": delivery, "Content-Type": "application/json"}
     headers.update(sign_github(hook.secret, body))
@@ -461,7 +461,12 @@ async def post_delivery(
 
 
 class Load:
-    """`senders` producers posting fresh deliveries until stopped or out of budget, spread over the APIs."""
+    """`senders` producers posting fresh deliveries until stopped or out of budget, spread over the APIs.
+
+    With several APIs the senders act as a load balancer would (nginx's default `proxy_next_upstream error`):
+    a connection refused, where nothing was sent, is tried once on the next API; any other failure (reset,
+    timeout, an answer) stands, because the delivery may have been taken.
+    """
 
     def __init__(
         self,
@@ -481,8 +486,10 @@ class Load:
         self.max_seconds = max_seconds
         self.answers: list[Answer] = []
         self._stop = asyncio.Event()
+        self._progress = asyncio.Condition()
         self._tasks: list[asyncio.Task[None]] = []
         self._sent = 0
+        self.failovers = 0
 
     async def _sender(self, k: int) -> None:
         deadline = time.monotonic() + self.max_seconds
@@ -492,8 +499,17 @@ class Load:
                 self._sent += 1
                 api = i % len(self.stack.apis)
                 delivery = str(uuid.uuid4())
+                body = issue_body(i, delivery)
                 base = self.stack.base(self.stack.apis[api])
-                self.answers.append(await post_delivery(http, base, api, self.hook, delivery, issue_body(i, delivery)))
+                answer = await post_delivery(http, base, api, self.hook, delivery, body)
+                if answer.error == "ConnectError" and len(self.stack.apis) > 1:
+                    self.failovers += 1
+                    api = (api + 1) % len(self.stack.apis)
+                    base = self.stack.base(self.stack.apis[api])
+                    answer = await post_delivery(http, base, api, self.hook, delivery, body)
+                self.answers.append(answer)
+                async with self._progress:
+                    self._progress.notify_all()
                 i += self.senders
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.interval)
@@ -506,12 +522,12 @@ class Load:
         await asyncio.gather(*self._tasks)
         return self.answers
 
-    async def until(self, count: int, timeout: float = 120) -> None:
+    async def until(self, count: int, within: float = 120) -> None:
         """Wait until `count` more answers arrived (so a fault lands under load)."""
         target = len(self.answers) + count
-        deadline = time.monotonic() + timeout
-        while len(self.answers) < target and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within), self._progress:
+                await self._progress.wait_for(lambda: len(self.answers) >= target)
 
 
 async def storm(stack: FaultStack, hook: Hook, ids: int, posts: int, concurrency: int) -> list[Answer]:
@@ -670,20 +686,24 @@ async def tally(
     answers: list[Answer],
     *,
     faults: list[tuple[float, float]] | None = None,
-    timeout: float = 240.0,
+    within: float = 240.0,
 ) -> Outcome:
     """Wait until every accepted delivery has its event (or timeout) and the inbox drained, then count."""
     faults = faults or []
     out = Outcome(name)
     accepted = {a.delivery for a in answers if a.status == 202}
     inbox = await asyncio.to_thread(stack.has_inbox)
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within
     seen: dict[str, tuple[int, float, int]] = {}
     while True:
         try:
             seen = await asyncio.to_thread(_events_by_delivery, stack, hook)
             depth = (
-                (await asyncio.to_thread(stack.sql, "SELECT count(*) FROM delivery_inbox WHERE webhook_id = %s", hook.webhook_id))[0][0]
+                (
+                    await asyncio.to_thread(
+                        stack.sql, "SELECT count(*) FROM delivery_inbox WHERE webhook_id = %s", hook.webhook_id
+                    )
+                )[0][0]
                 if inbox
                 else 0
             )
@@ -697,7 +717,11 @@ async def tally(
     seen = await asyncio.to_thread(_events_by_delivery, stack, hook)
     if inbox:
         out.inbox_left = int(
-            (await asyncio.to_thread(stack.sql, "SELECT count(*) FROM delivery_inbox WHERE webhook_id = %s", hook.webhook_id))[0][0]
+            (
+                await asyncio.to_thread(
+                    stack.sql, "SELECT count(*) FROM delivery_inbox WHERE webhook_id = %s", hook.webhook_id
+                )
+            )[0][0]
         )
     orphans = (
         await asyncio.to_thread(
@@ -708,7 +732,9 @@ async def tally(
         )
     )[0][0]
     out.todos = int(
-        (await asyncio.to_thread(stack.sql, "SELECT count(*) FROM todos WHERE endpoint_id = %s", hook.endpoint_id))[0][0]
+        (await asyncio.to_thread(stack.sql, "SELECT count(*) FROM todos WHERE endpoint_id = %s", hook.endpoint_id))[0][
+            0
+        ]
     )
     out.events = sum(v[0] for v in seen.values())
 
@@ -779,9 +805,13 @@ SMALL = Counts(
 )
 
 
-async def _under_load(
-    stack: FaultStack, hook: Hook, counts: Counts, fault: Callable[[Load], Awaitable[list[tuple[float, float]]]]
-) -> tuple[list[Answer], list[tuple[float, float]]]:
+Fault = Callable[[Load], Awaitable[list[tuple[float, float]]]]
+"""Applies a fault while the load runs; returns the fault windows (wall-clock start, end)."""
+
+
+async def under_load(stack: FaultStack, hook: Hook, counts: Counts, name: str, fault: Fault) -> Outcome:
+    """Load for `lead` s, the fault, load for `tail` s more; then recovery and the exact counts."""
+    crashes = len(stack.crashes)
     load = Load(stack, hook, senders=counts.senders, interval=counts.interval)
     load.start()
     try:
@@ -790,7 +820,13 @@ async def _under_load(
         await asyncio.sleep(counts.tail)
     finally:
         answers = await load.stop()
-    return answers, windows
+    out = await tally(stack, hook, name, answers, faults=windows)
+    out.crashes = len(stack.crashes) - crashes
+    if load.failovers:
+        out.notes.append(
+            f"connection refused, sent to the other API instead (as a load balancer does): {load.failovers}"
+        )
+    return out
 
 
 async def worker_kills(stack: FaultStack, counts: Counts) -> Outcome:
@@ -809,11 +845,7 @@ async def worker_kills(stack: FaultStack, counts: Counts) -> Outcome:
             windows.append((killed, time.time()))
         return windows
 
-    crashes = len(stack.crashes)
-    answers, windows = await _under_load(stack, hook, counts, fault)
-    out = await tally(stack, hook, f"worker SIGKILL ×{counts.worker_kills}", answers, faults=windows)
-    out.crashes = len(stack.crashes) - crashes
-    return out
+    return await under_load(stack, hook, counts, f"worker SIGKILL ×{counts.worker_kills}", fault)
 
 
 async def temporal_outage(stack: FaultStack, counts: Counts) -> Outcome:
@@ -830,11 +862,7 @@ async def temporal_outage(stack: FaultStack, counts: Counts) -> Outcome:
         await asyncio.to_thread(stack.start_temporal)
         return [(began, ended)]
 
-    crashes = len(stack.crashes)
-    answers, windows = await _under_load(stack, hook, counts, fault)
-    out = await tally(stack, hook, f"Temporal stopped {counts.outage:.0f} s", answers, faults=windows)
-    out.crashes = len(stack.crashes) - crashes
-    return out
+    return await under_load(stack, hook, counts, f"Temporal stopped {counts.outage:.0f} s", fault)
 
 
 async def postgres_outage(stack: FaultStack, counts: Counts) -> Outcome:
@@ -849,11 +877,7 @@ async def postgres_outage(stack: FaultStack, counts: Counts) -> Outcome:
         await asyncio.to_thread(stack.pg.start)
         return [(began, ended)]
 
-    crashes = len(stack.crashes)
-    answers, windows = await _under_load(stack, hook, counts, fault)
-    out = await tally(stack, hook, f"PostgreSQL stopped {counts.outage:.0f} s", answers, faults=windows)
-    out.crashes = len(stack.crashes) - crashes
-    return out
+    return await under_load(stack, hook, counts, f"PostgreSQL stopped {counts.outage:.0f} s", fault)
 
 
 async def api_restarts(stack: FaultStack, counts: Counts) -> Outcome:
@@ -871,20 +895,14 @@ async def api_restarts(stack: FaultStack, counts: Counts) -> Outcome:
             windows.append((began, time.time()))
         return windows
 
-    crashes = len(stack.crashes)
-    answers, windows = await _under_load(stack, hook, counts, fault)
-    out = await tally(stack, hook, f"API restarted ×{counts.api_restarts}", answers, faults=windows)
-    out.crashes = len(stack.crashes) - crashes
-    return out
+    return await under_load(stack, hook, counts, f"API restarted ×{counts.api_restarts}", fault)
 
 
 async def duplicate_storm(stack: FaultStack, counts: Counts) -> Outcome:
     """`storm_ids` delivery ids, each posted `storm_posts` times concurrently."""
     hook = await asyncio.to_thread(stack.hook, "storm")
     answers = await storm(stack, hook, counts.storm_ids, counts.storm_posts, counts.storm_concurrency)
-    return await tally(
-        stack, hook, f"duplicate storm {counts.storm_ids}×{counts.storm_posts}", answers, faults=None
-    )
+    return await tally(stack, hook, f"duplicate storm {counts.storm_ids}×{counts.storm_posts}", answers, faults=None)
 
 
 async def scale_out(stack: FaultStack, counts: Counts) -> Outcome:
@@ -912,13 +930,10 @@ async def scale_out(stack: FaultStack, counts: Counts) -> Outcome:
         await asyncio.to_thread(stack.start_api, api)
         return [(began, api_killed), (api_killed, time.time())]
 
-    crashes = len(stack.crashes)
-    answers, windows = await _under_load(stack, hook, counts, fault)
-    out = await tally(stack, hook, "scale-out 2 API + 2 workers", answers, faults=windows)
-    out.crashes = len(stack.crashes) - crashes
+    out = await under_load(stack, hook, counts, "scale-out 2 API + 2 workers", fault)
     # Rings travel after the commit: give the last ones a moment, then compare with the todos.
     deadline = time.monotonic() + 10
-    while sum(len(r.todo_ids) for r in rings) < out.todos and time.monotonic() < deadline:
+    while sum(len(r.todo_ids) for r in rings) < out.todos and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.2)
     await asyncio.sleep(1.0)
     for r in rings:
@@ -927,7 +942,8 @@ async def scale_out(stack: FaultStack, counts: Counts) -> Outcome:
     out.rings = len(every)
     out.ring_dups = len(every) - len(set(every))
     todo_ids = {
-        str(r[0]) for r in await asyncio.to_thread(stack.sql, "SELECT id FROM todos WHERE endpoint_id = %s", hook.endpoint_id)
+        str(r[0])
+        for r in await asyncio.to_thread(stack.sql, "SELECT id FROM todos WHERE endpoint_id = %s", hook.endpoint_id)
     }
     unrung = todo_ids - set(every)
     out.notes.append(f"todos never rung on a client: {len(unrung)}; per API rings {[len(r.todo_ids) for r in rings]}")
