@@ -620,6 +620,7 @@ class Outcome:
     lost: int = 0
     doubled: int = 0
     created_answers: dict[str, int] = field(default_factory=dict)  # per delivery id
+    pending_ids: set[str] = field(default_factory=set)  # ids with at least one `202 pending` answer
     first_said_duplicate: int = 0  # a delivery sent once, answered duplicate (misreported)
     stored_unacked: int = 0  # an event exists though the producer was told it failed
     recovery: float | None = None  # seconds, fault end → every delivery accepted before it has its event
@@ -744,6 +745,8 @@ async def tally(
         if a.status == 202:
             out.accepted += 1
             out.pending += a.pending
+            if a.pending:
+                out.pending_ids.add(a.delivery)
             if a.created:
                 out.created_answers[a.delivery] = out.created_answers.get(a.delivery, 0) + 1
             else:
@@ -865,6 +868,23 @@ async def temporal_outage(stack: FaultStack, counts: Counts) -> Outcome:
     return await under_load(stack, hook, counts, f"Temporal stopped {counts.outage:.0f} s", fault)
 
 
+async def temporal_freeze(stack: FaultStack, counts: Counts) -> Outcome:
+    """Freeze the Temporal dev server (SIGSTOP) for `outage` seconds under load: connections hang, not refuse."""
+    hook = await asyncio.to_thread(stack.hook, "temporal-freeze")
+    assert stack.temporal is not None
+    temporal = stack.temporal
+
+    async def fault(load: Load) -> list[tuple[float, float]]:
+        began = time.time()
+        temporal.freeze()
+        await asyncio.sleep(counts.outage)
+        ended = time.time()
+        temporal.thaw()
+        return [(began, ended)]
+
+    return await under_load(stack, hook, counts, f"Temporal frozen {counts.outage:.0f} s", fault)
+
+
 async def postgres_outage(stack: FaultStack, counts: Counts) -> Outcome:
     """Stop PostgreSQL (fast shutdown) for `outage` seconds under load, then start it on the same data dir."""
     hook = await asyncio.to_thread(stack.hook, "postgres-outage")
@@ -962,6 +982,7 @@ async def scale_out(stack: FaultStack, counts: Counts) -> Outcome:
 SCENARIOS: dict[str, Callable[[FaultStack, Counts], Awaitable[Outcome]]] = {
     "worker": worker_kills,
     "temporal": temporal_outage,
+    "freeze": temporal_freeze,
     "postgres": postgres_outage,
     "api": api_restarts,
     "storm": duplicate_storm,
