@@ -189,8 +189,12 @@ class Hook:
 class FaultStack:
     """PostgreSQL, Temporal, API and worker processes under one scratch folder."""
 
-    def __init__(self, root: Path, *, commit_delay: float = 0.1, log_level: str = "INFO") -> None:
+    def __init__(
+        self, root: Path, *, commit_delay: float = 0.1, log_level: str = "INFO", code: Path | None = None
+    ) -> None:
         self.root = root
+        # Another checkout to run the service processes (and its migrations) from; None: this one.
+        self.code = code
         self.commit_delay = commit_delay
         self.log_level = log_level
         self.pg = Postgres(root / "pg")
@@ -211,7 +215,10 @@ class FaultStack:
         from switchboard.embedded import search_attribute_args, temporal_cli
 
         self.pg.first_start()
-        migrate(self.pg.url)
+        if self.code is None:
+            migrate(self.pg.url)
+        else:
+            migrate(self.pg.url, self.code / "migrations")
         cmd = [
             temporal_cli(),
             "server",
@@ -239,11 +246,19 @@ class FaultStack:
         self.temporal.start()
         wait_port(self.temporal_port, 60)
 
+    def _cli(self, command: str) -> list[str]:
+        if self.code is None:
+            return [str(BIN / "switchboard"), command]
+        return [sys.executable, "-m", "switchboard.cli", command]
+
     def _env(self, name: str) -> dict[str, str]:
         home = self.root / name
         home.mkdir(exist_ok=True)
+        # PYTHONPATH comes before this venv's editable install: the processes import the other checkout.
+        code = {"PYTHONPATH": str(self.code)} if self.code is not None else {}
         return {
             "PATH": os.environ.get("PATH", ""),
+            **code,
             "SWITCHBOARD_HOME": str(home),
             "SWITCHBOARD_DATABASE_URL": self.pg.url,
             "SWITCHBOARD_TEMPORAL_ADDRESS": f"127.0.0.1:{self.temporal_port}",
@@ -257,7 +272,7 @@ class FaultStack:
 
     def add_worker(self) -> Proc:
         name = f"worker{len(self.workers)}"
-        proc = Proc(name, [str(BIN / "switchboard"), "worker"], self._env(name), self.root / f"{name}.log")
+        proc = Proc(name, self._cli("worker"), self._env(name), self.root / f"{name}.log")
         self.workers.append(proc)
         self.start_worker(proc)
         return proc
@@ -273,7 +288,7 @@ class FaultStack:
         name = f"api{len(self.apis)}"
         port = free_port()
         env = self._env(name) | {"SWITCHBOARD_HTTP_PORT": str(port)}
-        proc = Proc(name, [str(BIN / "switchboard"), "api"], env, self.root / f"{name}.log")
+        proc = Proc(name, self._cli("api"), env, self.root / f"{name}.log")
         self.apis.append(proc)
         self.api_ports[name] = port
         self.start_api(proc)
@@ -397,11 +412,11 @@ class FaultStack:
 
 @contextlib.contextmanager
 def fault_stack(
-    *, apis: int = 1, workers: int = 1, commit_delay: float = 0.1, keep: bool = False
+    *, apis: int = 1, workers: int = 1, commit_delay: float = 0.1, keep: bool = False, code: Path | None = None
 ) -> Iterator[FaultStack]:
     """A started FaultStack in a scratch folder (short path: PostgreSQL's socket lives in its data dir)."""
     root = Path(tempfile.mkdtemp(prefix="sbf-"))
-    stack = FaultStack(root, commit_delay=commit_delay)
+    stack = FaultStack(root, commit_delay=commit_delay, code=code)
     try:
         stack.start(apis=apis, workers=workers)
         yield stack

@@ -7,7 +7,7 @@ Real processes on one machine: embedded PostgreSQL, the Temporal dev server, `sw
 client on each API). Target: lost 0 and doubled 0 on every row; 503 only while Temporal and PostgreSQL are
 both down.
 
-    python bench/faults.py [--only worker,temporal,postgres,api,storm,scaleout] [--kills 20] [--outage 20]
+    python bench/faults.py [--only worker,temporal,freeze,postgres,api,storm,scaleout] [--kills 20] [--outage 20]
 """
 
 from __future__ import annotations
@@ -30,14 +30,21 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=FULL.worker_kills)
     parser.add_argument("--outage", type=float, default=FULL.outage)
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder (process logs)")
+    parser.add_argument(
+        "--code",
+        type=Path,
+        default=None,
+        help="run the service processes from another checkout, e.g. `git archive BRANCH | tar -x -C DIR`",
+    )
     args = parser.parse_args()
     counts = dataclasses.replace(FULL, worker_kills=args.kills, outage=args.outage)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     outcomes: list[Outcome] = []
     began = time.monotonic()
-    with fault_stack(keep=args.keep) as stack:
+    with fault_stack(keep=args.keep, code=args.code) as stack:
         features = f"inbox {'yes' if stack.has_inbox() else 'no'}, one ring per todo {'yes' if stack.has_shared_doorbell() else 'no'}"
-        print(f"fault campaign, scratch {stack.root} ({features})", flush=True)
+        code = args.code or Path(__file__).resolve().parent.parent
+        print(f"fault campaign, code {code}, scratch {stack.root} ({features})", flush=True)
 
         async def run() -> None:
             async with stack.supervised():

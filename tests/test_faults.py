@@ -7,7 +7,9 @@ the fault, a delivery answered 202 has exactly one event and one todo after reco
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +20,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def procs() -> Iterator[FaultStack]:
-    with fault_stack(apis=1, workers=1) as stack:
+    # SWITCHBOARD_FAULTS_CODE: run the service processes from another checkout (this one by default).
+    code = os.environ.get("SWITCHBOARD_FAULTS_CODE")
+    with fault_stack(apis=1, workers=1, code=Path(code) if code else None) as stack:
         yield stack
 
 
