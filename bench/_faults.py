@@ -67,11 +67,12 @@ def wait_port(port: int, timeout: float) -> None:
 class Proc:
     """One OS process (its own process group), started, signalled and restarted by pid."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log: Path, cwd: Path | None = None) -> None:
         self.name = name
         self.cmd = cmd
         self.env = env
         self.log = log
+        self.cwd = cwd
         self.popen: subprocess.Popen[bytes] | None = None
         self.expected_down = True  # the supervisor restarts the process only while this is False
         self.starts = 0
@@ -89,6 +90,7 @@ class Proc:
             self.popen = subprocess.Popen(
                 self.cmd,
                 env=self.env,
+                cwd=self.cwd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -218,6 +220,7 @@ class FaultStack:
         if self.code is None:
             migrate(self.pg.url)
         else:
+            self._check_code()
             migrate(self.pg.url, self.code / "migrations")
         cmd = [
             temporal_cli(),
@@ -246,6 +249,20 @@ class FaultStack:
         self.temporal.start()
         wait_port(self.temporal_port, 60)
 
+    def _check_code(self) -> None:
+        # A campaign that silently ran this checkout's code against the other's schema would measure nothing.
+        assert self.code is not None
+        found = subprocess.run(
+            [sys.executable, "-c", "import switchboard, api, worker; print(switchboard.__file__, worker.__file__)"],
+            env=self._env("code-check"),
+            cwd=self.code,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        if not all(Path(f).resolve().is_relative_to(self.code.resolve()) for f in found):
+            raise RuntimeError(f"the service processes would not import {self.code}: {found}")
+
     def _cli(self, command: str) -> list[str]:
         if self.code is None:
             return [str(BIN / "switchboard"), command]
@@ -254,7 +271,8 @@ class FaultStack:
     def _env(self, name: str) -> dict[str, str]:
         home = self.root / name
         home.mkdir(exist_ok=True)
-        # PYTHONPATH comes before this venv's editable install: the processes import the other checkout.
+        # PYTHONPATH (and the working directory, which `python -m` puts first on sys.path) come before this venv's
+        # editable install: the processes import the other checkout.
         code = {"PYTHONPATH": str(self.code)} if self.code is not None else {}
         return {
             "PATH": os.environ.get("PATH", ""),
@@ -272,7 +290,7 @@ class FaultStack:
 
     def add_worker(self) -> Proc:
         name = f"worker{len(self.workers)}"
-        proc = Proc(name, self._cli("worker"), self._env(name), self.root / f"{name}.log")
+        proc = Proc(name, self._cli("worker"), self._env(name), self.root / f"{name}.log", cwd=self.code)
         self.workers.append(proc)
         self.start_worker(proc)
         return proc
@@ -288,7 +306,7 @@ class FaultStack:
         name = f"api{len(self.apis)}"
         port = free_port()
         env = self._env(name) | {"SWITCHBOARD_HTTP_PORT": str(port)}
-        proc = Proc(name, self._cli("api"), env, self.root / f"{name}.log")
+        proc = Proc(name, self._cli("api"), env, self.root / f"{name}.log", cwd=self.code)
         self.apis.append(proc)
         self.api_ports[name] = port
         self.start_api(proc)
