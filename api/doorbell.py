@@ -280,7 +280,7 @@ class DoorbellListener:
         """The server's clock at the last moment this listener was proven to hear (None before the first)."""
         self.connects = 0
         self.caught_up = 0
-        self._repair_since: datetime | None = None
+        self._owed: datetime | None = None  # rings may have been missed since then: a catch-up is owed
         self._task: asyncio.Task[None] | None = None
 
     async def start(self, wait: float = 5.0) -> None:
@@ -322,6 +322,8 @@ class DoorbellListener:
                     backoff = 0.2 if self.listening.is_set() else backoff
                 finally:
                     self.listening.clear()
+                    if self.alive_at is not None:
+                        self._owe(self.alive_at)
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(conn.close(), 2)
             await asyncio.sleep(backoff)
@@ -330,20 +332,27 @@ class DoorbellListener:
     async def _serve(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """LISTEN, catch up on any gap, then relay notifications while proving the connection alive."""
         await asyncio.wait_for(listen(conn, self.ping_channel), self.check_seconds * 2 + 5)
-        gap_since = self.alive_at
         await self._round_trip(conn)  # heard from here on: what committed before is the catch-up's
         self.connects += 1
         self.listening.set()
-        if gap_since is None:
+        if self._owed is None:
             log.info("doorbell listening")
         else:
-            found = await self.catch_up(gap_since - CATCH_UP_MARGIN)
-            log.info("doorbell listening again; caught up %d unrung todo(s)", found)
+            log.info("doorbell listening again; caught up %d unrung todo(s)", await self._settle())
         while True:
             await self._round_trip(conn)
-            if self._repair_since is not None:
-                since, self._repair_since = self._repair_since, None
-                await self.catch_up(since - CATCH_UP_MARGIN)
+            if self._owed is not None:
+                await self._settle()
+
+    def _owe(self, since: datetime) -> None:
+        self._owed = since if self._owed is None else min(since, self._owed)
+
+    async def _settle(self) -> int:
+        """Run the owed catch-up; it stays owed if this fails."""
+        assert self._owed is not None
+        found = await self.catch_up(self._owed - CATCH_UP_MARGIN)
+        self._owed = None
+        return found
 
     async def _round_trip(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Send a ping through the pool and relay notifications until it comes back; Deaf if it does not in time."""
@@ -382,8 +391,7 @@ class DoorbellListener:
                 await self.hub.ring(self.store, notice.todo_id, notice.endpoint_id)
         except Exception as exc:  # a failed claim must not silence the listener; the next check repairs it
             log.warning("doorbell ring failed (%s); will catch up", _reason(exc))
-            since = self.alive_at or now
-            self._repair_since = since if self._repair_since is None else min(since, self._repair_since)
+            self._owe(self.alive_at or now)
 
     async def catch_up(self, since: datetime) -> int:
         """Ring what this process's streams missed: pending, unrung todos of their endpoints since `since`."""
