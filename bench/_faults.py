@@ -208,7 +208,6 @@ class FaultStack:
         self.admin_token = "sba_" + secrets.token_hex(16)
         self.secret_key = secrets.token_hex(32)
         self.crashes: list[tuple[str, int | None, float]] = []
-        self._supervisor: asyncio.Task[None] | None = None
 
     # -- lifecycle
 
@@ -657,7 +656,8 @@ class Outcome:
     first_said_duplicate: int = 0  # a delivery sent once, answered duplicate (misreported)
     stored_unacked: int = 0  # an event exists though the producer was told it failed
     recovery: float | None = None  # seconds, fault end → every delivery accepted before it has its event
-    unavailable_outside_fault: int = 0  # 503s that started more than 3 s from any fault window
+    unavailable_outside_fault: int = 0  # 503s to requests that began after the fault ended (or ended before it)
+    last_unavailable_after: float | None = None  # seconds after the fault ended that the last such request began
     inbox_left: int | None = None
     crashes: int = 0
     events: int = 0
@@ -694,7 +694,10 @@ class Outcome:
         if self.inbox_left is not None:
             parts.append(f"inbox left {self.inbox_left}")
         if self.unavailable_outside_fault:
-            parts.append(f"503 outside the fault window: {self.unavailable_outside_fault}")
+            parts.append(
+                f"503 outside the fault window: {self.unavailable_outside_fault}"
+                f" (the last to a request begun {self.last_unavailable_after or 0:.1f} s after the fault ended)"
+            )
         if self.rings is not None:
             parts.append(f"rings {self.rings} (rung twice: {self.ring_dups})")
         parts.extend(self.notes)
@@ -789,8 +792,10 @@ async def tally(
         elif a.status == 503:
             out.unavailable += 1
             end = a.started + a.took
-            if not any(start - 3 <= end and a.started <= stop + 3 for start, stop in faults):
+            if not any(a.started <= stop and end >= start for start, stop in faults):
                 out.unavailable_outside_fault += 1
+                after = a.started - max((stop for _, stop in faults), default=a.started)
+                out.last_unavailable_after = max(out.last_unavailable_after or 0.0, after)
         elif a.status is None:
             out.other[f"no answer ({a.error})"] += 1
         else:
@@ -894,9 +899,8 @@ async def temporal_outage(stack: FaultStack, counts: Counts) -> Outcome:
         began = time.time()
         await asyncio.to_thread(temporal.stop)
         await asyncio.sleep(counts.outage)
-        ended = time.time()
         await asyncio.to_thread(stack.start_temporal)
-        return [(began, ended)]
+        return [(began, time.time())]  # the fault ends when the server listens again
 
     return await under_load(stack, hook, counts, f"Temporal stopped {counts.outage:.0f} s", fault)
 
@@ -911,9 +915,8 @@ async def temporal_freeze(stack: FaultStack, counts: Counts) -> Outcome:
         began = time.time()
         temporal.freeze()
         await asyncio.sleep(counts.outage)
-        ended = time.time()
         temporal.thaw()
-        return [(began, ended)]
+        return [(began, time.time())]
 
     return await under_load(stack, hook, counts, f"Temporal frozen {counts.outage:.0f} s", fault)
 
@@ -926,9 +929,8 @@ async def postgres_outage(stack: FaultStack, counts: Counts) -> Outcome:
         began = time.time()
         await asyncio.to_thread(stack.pg.stop)
         await asyncio.sleep(counts.outage)
-        ended = time.time()
-        await asyncio.to_thread(stack.pg.start)
-        return [(began, ended)]
+        await asyncio.to_thread(stack.pg.start)  # pg_ctl -w: returns once it accepts connections
+        return [(began, time.time())]
 
     return await under_load(stack, hook, counts, f"PostgreSQL stopped {counts.outage:.0f} s", fault)
 
