@@ -20,9 +20,11 @@ from store.crypto import SecretBox
 from store.db import Pool, open_pool
 from store.deliveries import DeliveryStore
 from store.events import EventStore
+from store.inbox import InboxStore
 from store.schedules import ScheduleStore
 from store.todos import TodoStore
 from store.webhooks import WebhookStore
+from switchboard.relay import running_relay
 from switchboard.settings import Settings
 from switchboard.temporal import connect, ensure_schedules
 from workflows.route_delivery import RouteDelivery
@@ -66,6 +68,7 @@ def build_worker(
             route.load_grant,
             route.evaluate_rules,
             route.commit_delivery,
+            route.commit_faulted,
             upkeep.reap_todos,
             upkeep.prune_retention,
             schedules.prepare_fire,
@@ -83,7 +86,7 @@ def build_worker(
 
 @contextlib.asynccontextmanager
 async def running_worker(settings: Settings, *, commit_delay: float = 0.0) -> AsyncIterator[Worker]:
-    """Pools, sandbox and worker for the lifetime of the block."""
+    """Pools, sandbox, worker and inbox relay for the lifetime of the block."""
     assert settings.database_url
     pool = await open_pool(settings.database_url, max_size=settings.db_pool_max)
     sandbox = make_sandbox()
@@ -91,7 +94,7 @@ async def running_worker(settings: Settings, *, commit_delay: float = 0.0) -> As
         client = await connect(settings)
         await ensure_schedules(client, settings.task_queue)
         worker = build_worker(client, pool, settings, sandbox=sandbox, commit_delay=commit_delay)
-        async with worker:
+        async with worker, running_relay(client, InboxStore(pool), settings):
             yield worker
     finally:
         if sandbox is not None:

@@ -9,10 +9,10 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import EvaluateInput, LoadGrantInput, LoadGrantResult
-from routing.delivery import CommitInput, CommitResult
+from routing.delivery import CommitInput, CommitResult, FaultCommitInput
 from routing.models import Evaluation, Fault
 from store.deliveries import DeliveryStore
-from store.errors import NotFound
+from store.errors import DomainError, NotFound, StoreRejected, StoreUnavailable
 from store.webhooks import WebhookStore
 
 log = logging.getLogger("switchboard.activities")
@@ -41,6 +41,8 @@ class RouteActivities:
             return LoadGrantResult(grant=await self.webhooks.load_grant(data.webhook_id))
         except NotFound:
             return LoadGrantResult(grant=None)
+        except DomainError as exc:
+            raise application_error(exc, "load grant", data.webhook_id) from exc
 
     @activity.defn(name="evaluate_rules")
     async def evaluate_rules(self, data: EvaluateInput) -> Evaluation:
@@ -68,7 +70,33 @@ class RouteActivities:
             # Fault injection for crash tests only (SWITCHBOARD_FAULT_COMMIT_DELAY); zero in production.
             await asyncio.sleep(self.commit_delay)
         try:
-            return await self.deliveries.commit(data)
-        except Exception as exc:
-            log.exception("commit failed for webhook %s", data.delivery.webhook_id)
-            raise ApplicationError("commit failed", type=type(exc).__name__) from exc
+            # The run id comes from the activity's own context, so the workflow's input to it stays unchanged.
+            return await self.deliveries.commit(data.model_copy(update={"run_id": activity.info().workflow_run_id}))
+        except DomainError as exc:
+            raise application_error(exc, "commit", data.delivery.webhook_id) from exc
+
+    @activity.defn(name="commit_faulted")
+    async def commit_faulted(self, data: FaultCommitInput) -> CommitResult:
+        """Store a delivery whose commit was refused as faulted, with the error on its trace. Idempotent."""
+        try:
+            return await self.deliveries.commit_faulted(data)
+        except DomainError as exc:
+            raise application_error(exc, "faulted commit", data.delivery.webhook_id) from exc
+
+
+# The ApplicationError type of a deterministic store failure: RouteDelivery ends the delivery as faulted on it.
+STORE_REJECTED = "StoreRejected"
+STORE_UNAVAILABLE = "StoreUnavailable"
+
+
+def application_error(exc: DomainError, what: str, webhook_id: str) -> ApplicationError:
+    """The one mapping from a store failure to Temporal: a refusal is final, an outage is retried."""
+    if isinstance(exc, StoreUnavailable):
+        # An outage must not lose work: Temporal retries until PostgreSQL answers again.
+        log.warning("%s failed for webhook %s (will retry): %s", what, webhook_id, exc.message)
+        return ApplicationError(f"{what} failed: {exc.message}", type=STORE_UNAVAILABLE)
+    error_type = exc.error_type if isinstance(exc, StoreRejected) else type(exc).__name__
+    log.error("%s refused for webhook %s: %s: %s", what, webhook_id, error_type, exc.message)
+    return ApplicationError(
+        f"{error_type}: {exc.message}", error_type, exc.message, type=STORE_REJECTED, non_retryable=True
+    )

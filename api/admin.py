@@ -68,6 +68,13 @@ class FriendEdgeInput(AdminInput):
     state: Literal["pending", "approved", "denied", "revoked"]
 
 
+class SetWebhookRateInput(AdminInput):
+    webhook_id: str
+    rate_per_second: float | None = Field(
+        ge=0, le=10_000, description="deliveries/s; 0 = unpaced; null = back to SWITCHBOARD_WEBHOOK_RATE_PER_SECOND"
+    )
+
+
 def require_admin(request: Request) -> Services:
     """The admin token must match, compared in constant time."""
     svc = services(request)
@@ -128,4 +135,14 @@ async def revoke_endpoint(body: RevokeEndpointInput, svc: Services = Depends(req
 @router.post("/set_friend_edge", response_model=OkOutput, summary="Set the directional friend edge between two humans.")
 async def set_friend_edge(body: FriendEdgeInput, svc: Services = Depends(require_admin)) -> OkOutput:
     await svc.identities.set_friend_edge(body.from_human_id, body.to_human_id, body.state)
+    return OkOutput()
+
+
+@router.post(
+    "/set_webhook_rate",
+    response_model=OkOutput,
+    summary="Pace one webhook: deliveries past its rate wait in the inbox and are released at that rate.",
+)
+async def set_webhook_rate(body: SetWebhookRateInput, svc: Services = Depends(require_admin)) -> OkOutput:
+    await svc.webhooks.set_rate(body.webhook_id, body.rate_per_second)
     return OkOutput()

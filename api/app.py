@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -47,12 +49,19 @@ def create_app(settings: Settings, *, temporal: Client | None = None, sandbox: A
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         assert settings.database_url, "SWITCHBOARD_DATABASE_URL is not set"
         settings.ensure_generated_secrets()
-        pool = await open_pool(settings.database_url, max_size=settings.db_pool_max)
+        pool = await open_pool(
+            settings.database_url, max_size=settings.db_pool_max, pool_timeout=settings.db_pool_timeout
+        )
         # Lazy: the API comes up (and answers 503 on ingest) even while Temporal is unreachable.
         client = temporal
         if client is None and settings.temporal_address:
             client = await connect(settings, lazy=True)
         app.state.services = Services.build(settings, pool, client)
+        # Its own connection, so /healthz answers in bounded time however busy the request pool is.
+        health_pool = await open_pool(
+            settings.database_url, max_size=1, min_size=1, pool_timeout=settings.health_timeout_seconds
+        )
+        app.state.services.extras["health_pool"] = health_pool
         if sandbox is not None:
             app.state.services.extras["sandbox"] = sandbox
         hub = app.state.services.doorbell
@@ -69,6 +78,7 @@ def create_app(settings: Settings, *, temporal: Client | None = None, sandbox: A
             own = app.state.services.extras.pop("sandbox", None)
             if own is not None and own is not sandbox:
                 await own.close()
+            await health_pool.close()
             await pool.close()
 
     app = FastAPI(
@@ -87,19 +97,29 @@ def create_app(settings: Settings, *, temporal: Client | None = None, sandbox: A
     @app.get("/healthz", summary="Ready when PostgreSQL and Temporal answer.", tags=["health"])
     async def healthz(request: Request) -> JSONResponse:
         svc = services(request)
-        checks: dict[str, str] = {}
-        try:
-            async with svc.pool.connection() as conn:
+        limit = svc.settings.health_timeout_seconds
+
+        async def postgres() -> None:
+            health_pool = svc.extras.get("health_pool", svc.pool)
+            async with health_pool.connection(timeout=limit) as conn:
                 await conn.execute("SELECT 1")
-            checks["postgres"] = "ok"
-        except Exception:
-            checks["postgres"] = "unavailable"
-        try:
+
+        async def temporal() -> None:
             assert svc.temporal is not None
-            await svc.temporal.service_client.check_health()
-            checks["temporal"] = "ok"
-        except Exception:
-            checks["temporal"] = "unavailable"
+            if not await svc.temporal.service_client.check_health(timeout=timedelta(seconds=limit)):
+                raise RuntimeError("Temporal reports unhealthy")
+
+        async def check(probe: Callable[[], Awaitable[None]]) -> str:
+            try:
+                async with asyncio.timeout(limit):
+                    await probe()
+                return "ok"
+            except Exception:
+                return "unavailable"
+
+        # Both at once, each cut off after the health timeout: the answer comes inside a second whatever is down.
+        pg, tp = await asyncio.gather(check(postgres), check(temporal))
+        checks = {"postgres": pg, "temporal": tp}
         ok = all(v == "ok" for v in checks.values())
         return JSONResponse({"status": "ok" if ok else "degraded", **checks}, status_code=200 if ok else 503)
 

@@ -8,11 +8,13 @@ from typing import Any, Literal
 from fastapi import Request
 from temporalio.client import Client
 
+from api.admission import Admission
 from api.doorbell import DoorbellHub
 from api.ratelimit import TokenBuckets
 from store.crypto import SecretBox
 from store.db import Pool
 from store.identity import IdentityStore
+from store.inbox import InboxStore
 from store.rules import RuleStore
 from store.todos import TodoStore
 from store.webhooks import WebhookStore
@@ -34,6 +36,8 @@ class Services:
     webhooks: WebhookStore
     todos: TodoStore
     rules: RuleStore
+    inbox: InboxStore
+    admission: Admission
     ingest_limits: TokenBuckets
     agent_limits: TokenBuckets
     authoring_limits: TokenBuckets
@@ -55,6 +59,8 @@ class Services:
             webhooks=webhooks,
             todos=TodoStore(pool),
             rules=RuleStore(pool, webhooks),
+            inbox=InboxStore(pool),
+            admission=Admission(settings.ingest_max_inflight, settings.ingest_start_backoff_seconds),
             ingest_limits=TokenBuckets(settings.ingest_rate_per_second, settings.ingest_rate_burst),
             agent_limits=TokenBuckets(settings.agent_rate_per_second, settings.agent_rate_burst),
             authoring_limits=TokenBuckets(settings.authoring_rate_per_second, settings.authoring_rate_burst),

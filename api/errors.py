@@ -9,9 +9,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from store.db import UNAVAILABLE_ERRORS
 from store.errors import DomainError
 
 log = logging.getLogger("switchboard.api")
+
+
+UNAVAILABLE_BODY = {"error": {"code": "unavailable", "message": "the database is unavailable, retry later"}}
 
 
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -49,6 +53,14 @@ def install_error_handlers(app: FastAPI) -> None:
             413: "too_large",
         }.get(exc.status_code, "invalid_argument" if exc.status_code < 500 else "internal")
         return error_response(exc.status_code, code, str(exc.detail))
+
+    async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # PostgreSQL down or the pool exhausted past its timeout: a retry later can succeed, so 503, not 500.
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)
+        return JSONResponse(UNAVAILABLE_BODY, status_code=503)
+
+    for unavailable in UNAVAILABLE_ERRORS:
+        app.add_exception_handler(unavailable, _unavailable)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

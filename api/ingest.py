@@ -7,35 +7,35 @@ import base64
 import logging
 import re
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from temporalio.client import WorkflowFailureError
-from temporalio.common import (
-    SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
-)
 
 from api.bodies import read_capped
-from api.deps import services
+from api.deps import Services, services
 from api.ratelimit import TokenBuckets, retry_after
 from routing.collectors import collector_config, delivery_kind
 from routing.delivery import CommitResult, DeliveryInput
 from routing.envelope import parse_payload
 from routing.headers import lower_headers, sanitize_headers
-from routing.models import RESERVED_SOURCES
+from routing.models import RESERVED_SOURCES, ingest_wait_seconds
 from routing.signatures import MissingSecret, delivery_id, verify
-from workflows import search
-from workflows.route_delivery import RouteDelivery, workflow_id_for
+from store.db import UNAVAILABLE_ERRORS
+from store.inbox import InboxReason
+from store.models import IngestWebhook
+from switchboard.settings import Settings
+from switchboard.temporal import is_outage, start_delivery
+from workflows.route_delivery import workflow_id_for
 
 log = logging.getLogger("switchboard.ingest")
 
 router = APIRouter(tags=["ingest"])
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
+# PostgreSQL unreachable, or too slow to answer inside the producer's window.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (TimeoutError, *UNAVAILABLE_ERRORS)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -89,7 +89,10 @@ async def ingest(ingest_token: str, request: Request) -> JSONResponse:
         return _error(413, "payload too large", {"Connection": "close"})
     if not _TOKEN.match(ingest_token):
         return gate.refuse(404, "unknown webhook")
-    webhook = await svc.webhooks.get_for_ingest(ingest_token)
+    try:
+        webhook = await _lookup(svc, ingest_token)
+    except _UNAVAILABLE:
+        return _error(503, "storage is unavailable, retry later")
     if webhook is None or webhook.source_type in RESERVED_SOURCES:
         return gate.refuse(404, "unknown webhook")
 
@@ -137,7 +140,7 @@ async def ingest(ingest_token: str, request: Request) -> JSONResponse:
         received_at=datetime.now(UTC).isoformat(),
         evaluate_locally=settings.evaluate_locally,
     )
-    return await start_and_wait(request, delivery)
+    return await start_and_wait(request, delivery, rate=webhook_rate(webhook, settings))
 
 
 def _is_url_verification(payload: Any) -> bool:
@@ -148,49 +151,91 @@ def _is_url_verification(payload: Any) -> bool:
     )
 
 
-async def start_and_wait(request: Request, delivery: DeliveryInput) -> JSONResponse:
-    """Start (or join) the delivery's workflow and answer with its result, or pending when slow."""
+async def _lookup(svc: Services, token: str) -> IngestWebhook | None:
+    # Bounded: with PostgreSQL down the producer hears 503 within about the pool timeout, not after a hang.
+    async with asyncio.timeout(svc.settings.db_pool_timeout + 0.25):
+        return await svc.webhooks.get_for_ingest(token)
+
+
+def _pending(workflow_id: str) -> JSONResponse:
+    return JSONResponse({"accepted": True, "pending": True, "workflow_id": workflow_id}, status_code=202)
+
+
+def webhook_rate(webhook: IngestWebhook, settings: Settings) -> float:
+    """The webhook's pace in deliveries/s (0 = unpaced): its own override, else the operator default."""
+    rate = webhook.rate_per_second if webhook.rate_per_second is not None else settings.webhook_rate_per_second
+    return max(rate, 0.0)
+
+
+async def _to_inbox(svc: Services, workflow_id: str, delivery: DeliveryInput, reason: InboxReason) -> JSONResponse:
+    """Accept into the PostgreSQL inbox (one statement); 503 only when PostgreSQL cannot take it either."""
+    try:
+        async with asyncio.timeout(svc.settings.db_pool_timeout + 0.25):
+            fresh = await svc.inbox.put(workflow_id, delivery, reason)
+    except _UNAVAILABLE:
+        log.exception("neither Temporal nor PostgreSQL could take a delivery", extra={"workflow_id": workflow_id})
+        return _error(503, "routing is unavailable, retry later")
+    log.info(
+        "delivery accepted into the inbox",
+        extra={"workflow_id": workflow_id, "webhook_id": delivery.webhook_id, "reason": reason, "fresh": fresh},
+    )
+    return _pending(workflow_id)
+
+
+async def start_and_wait(request: Request, delivery: DeliveryInput, *, rate: float = 0.0) -> JSONResponse:
+    """Start (or join) the delivery's workflow and answer inside the producer's window: its result, or pending.
+
+    Accept first: when Temporal does not take the start in time, when this process is past its capacity, or
+    when the webhook's pace defers the delivery, it is written to the inbox and answered `202 pending`; a relay
+    starts it later under the same workflow id.
+    """
     svc = services(request)
     settings = svc.settings
-    if svc.temporal is None:
-        return _error(503, "routing is unavailable, retry later")
+    deadline = time.monotonic() + ingest_wait_seconds(delivery.source, settings.ingest_wait_seconds)
     workflow_id = workflow_id_for(delivery.webhook_id, delivery.external_id)
-    attrs: list[Any] = [
-        SearchAttributePair(search.WEBHOOK_ID, delivery.webhook_id),
-        SearchAttributePair(search.SOURCE, delivery.source),
-    ]
-    if delivery.kind:
-        attrs.append(SearchAttributePair(search.KIND, delivery.kind[:256]))
-    try:
-        handle = await svc.temporal.start_workflow(
-            RouteDelivery.run,
-            delivery,
-            id=workflow_id,
-            task_queue=settings.task_queue,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            search_attributes=TypedSearchAttributes(attrs),
-            rpc_timeout=timedelta(seconds=5),
-            # Taken only when this process also hosts a worker on the task queue (switchboard dev / api).
-            request_eager_start=settings.eager_start,
-        )
-    except Exception:
-        # Nothing was written: the producer's retry is the recovery.
-        log.exception("could not start RouteDelivery")
-        return _error(503, "routing is unavailable, retry later")
-    try:
-        result = await asyncio.wait_for(handle.result(), timeout=settings.ingest_wait_seconds)
-    except TimeoutError:
-        return JSONResponse({"accepted": True, "pending": True, "workflow_id": workflow_id}, status_code=202)
-    except WorkflowFailureError:
-        log.exception("RouteDelivery failed", extra={"workflow_id": workflow_id})
-        return _error(500, "delivery could not be routed")
-    except Exception:
-        log.exception("lost contact with Temporal while waiting", extra={"workflow_id": workflow_id})
-        return JSONResponse({"accepted": True, "pending": True, "workflow_id": workflow_id}, status_code=202)
+    if rate > 0:
+        try:
+            async with asyncio.timeout(settings.db_pool_timeout + 0.25):
+                deferred = await svc.inbox.pace(workflow_id, delivery, rate=rate, burst=settings.webhook_rate_burst)
+        except _UNAVAILABLE:
+            return _error(503, "routing is unavailable, retry later")
+        if deferred:
+            log.info("delivery paced into the inbox", extra={"workflow_id": workflow_id, "rate": rate})
+            return _pending(workflow_id)
+    reason = svc.admission.diversion() if svc.temporal is not None else "temporal_unavailable"
+    if reason is not None:
+        return await _to_inbox(svc, workflow_id, delivery, reason)
+    assert svc.temporal is not None
+    with svc.admission.slot():
+        try:
+            async with asyncio.timeout(
+                max(min(settings.temporal_start_timeout_seconds, deadline - time.monotonic()), 0)
+            ):
+                handle, started = await start_delivery(svc.temporal, delivery, settings)
+        except Exception as exc:
+            # Possibly taken after all (a frozen server answers late): the relay's start then joins that run.
+            if is_outage(exc):
+                svc.admission.start_failed()
+            log.warning(
+                "Temporal did not take the start in time",
+                extra={"workflow_id": workflow_id, "error": f"{type(exc).__name__}: {exc}"[:300]},
+            )
+            return await _to_inbox(svc, workflow_id, delivery, "temporal_unavailable")
+        svc.admission.start_ok()
+        try:
+            result = await asyncio.wait_for(handle.result(), timeout=max(deadline - time.monotonic(), 0))
+        except TimeoutError:
+            return _pending(workflow_id)
+        except WorkflowFailureError:
+            log.exception("RouteDelivery failed", extra={"workflow_id": workflow_id})
+            return _error(500, "delivery could not be routed")
+        except Exception:
+            log.exception("lost contact with Temporal while waiting", extra={"workflow_id": workflow_id})
+            return _pending(workflow_id)
     assert isinstance(result, CommitResult)
     if result.status == "gone":
         return _error(404, "unknown webhook")
     if result.status == "no_targets":
         return _error(503, "webhook has no live delivery target")
-    return JSONResponse(result.response_body(), status_code=202)
+    # Only the call whose start created the run reports what it created; joiners are redeliveries.
+    return JSONResponse((result if started else result.joined()).response_body(), status_code=202)

@@ -13,8 +13,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.bodies import read_capped
 from api.deps import Services
+from api.errors import UNAVAILABLE_BODY
 from api.ratelimit import retry_after
 from api.verbs import REGISTRY
+from store.db import UNAVAILABLE_ERRORS
 from store.errors import Unauthenticated
 
 log = logging.getLogger("switchboard.http")
@@ -181,6 +183,9 @@ class AgentAuthMiddleware:
                 {"error": {"code": "unauthenticated", "message": exc.message}},
                 [(b"www-authenticate", b"Bearer")],
             )
+            return
+        except UNAVAILABLE_ERRORS:
+            await send_json(send, 503, UNAVAILABLE_BODY)
             return
         if path.startswith("/v1/"):
             name = path[len("/v1/") :]

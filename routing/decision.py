@@ -12,7 +12,7 @@ from typing import Any
 
 from routing.collectors import path_subject
 from routing.envelope import once_key, subject_key
-from routing.models import TRUST_BY_SOURCE, Decision, Delivery, Evaluation, Grant
+from routing.models import TRUST_BY_SOURCE, Decision, Delivery, Evaluation, Fault, Grant
 from routing.workorder import build_work_order
 
 # Kept here rather than imported from routing.rules, which loads the jq extension: a Temporal workflow
@@ -22,6 +22,7 @@ QUEUE_FLAGS = ("exclusive", "once", "work_order", "coalesce")
 CAUSE_NO_MATCH = "no_match_default"
 CAUSE_RULE_NOT_GRANTED = "rule_not_granted"
 CAUSE_DEFAULT_NOT_GRANTED = "default_not_granted"
+CAUSE_HELD_ON_FAULT = "held_on_fault"  # stage "fault": on_fault "hold" stopped evaluation at a fault
 
 
 @dataclass
@@ -107,6 +108,28 @@ def _work_order(
     )
 
 
+def holding_fault(evaluation: Evaluation, matched_index: int | None) -> Fault | None:
+    """Under on_fault "hold", the fault that stops evaluation: the first one before the match (or any, unmatched)."""
+    for fault in evaluation.faults:
+        # A sandbox-level fault (index -1) concerns the whole list; a fault after the match cannot decide.
+        if matched_index is None or fault.rule_index < matched_index:
+            return fault
+    return None
+
+
+def _held(evaluation: Evaluation, fault: Fault, rules: list[dict[str, Any]]) -> Decision:
+    """The faulted decision: nothing minted, the stopping rule and every fault on the trace."""
+    trace: dict[str, Any] = {"stage": "fault", "cause": CAUSE_HELD_ON_FAULT, "rule_index": fault.rule_index}
+    if 0 <= fault.rule_index < len(rules):
+        rule_id, rule_name = _rule_identity(rules[fault.rule_index])
+        if rule_id is not None:
+            trace["rule_id"] = rule_id
+        if rule_name is not None:
+            trace["rule_name"] = rule_name
+    trace["faults"] = [f.model_dump(exclude_none=True) for f in evaluation.faults]
+    return Decision(disposition="faulted", deliveries=[], trace=trace)
+
+
 def decide(grant: Grant, evaluation: Evaluation, envelope: dict[str, Any] | None = None) -> Decision:
     """Turn an evaluation into deliveries under the grant recomputed for this delivery."""
     rules = grant.rules
@@ -114,6 +137,10 @@ def decide(grant: Grant, evaluation: Evaluation, envelope: dict[str, Any] | None
     # The sandbox child only reports an index; one outside the configured list is ignored.
     if isinstance(index, bool) or index is None or not 0 <= index < len(rules):
         index = None
+    if grant.on_fault == "hold":
+        fault = holding_fault(evaluation, index)
+        if fault is not None:
+            return _held(evaluation, fault, rules)
 
     trace: dict[str, Any] = {}
     action: Any = None

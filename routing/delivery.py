@@ -55,6 +55,18 @@ class CommitInput(BaseModel):
     delivery: DeliveryInput
     decision: Decision
     workflow_id: str | None = None
+    # The RouteDelivery run committing; stored on the event so a retry of this commit recognises its own work.
+    run_id: str | None = None
+
+
+class FaultCommitInput(BaseModel):
+    """A delivery whose commit failed deterministically: store it as faulted with the error, nothing else."""
+
+    delivery: DeliveryInput
+    error_type: str
+    error_message: str
+    faults: list[dict[str, Any]] = Field(default_factory=list)
+    workflow_id: str | None = None
 
 
 class TodoRef(BaseModel):
@@ -76,10 +88,18 @@ class CommitResult(BaseModel):
     duplicate: bool = False
     dropped: bool = False
     repeat: bool = False
+    faulted: bool = False  # on_fault "hold" stopped at a fault, or the commit failed deterministically
     verified: bool = False
     trust_mode: str = ""
     disposition: str = "routed"
     rule_id: str | None = None
+
+    def joined(self) -> CommitResult:
+        """The outcome as a redelivery that joined another call's run reports it: nothing created by it."""
+        if self.status != "committed":
+            return self
+        todos = [t.model_copy(update={"created": False}) for t in self.todos]
+        return self.model_copy(update={"duplicate": True, "created": 0, "todos": todos})
 
     def response_body(self) -> dict[str, Any]:
         """The documented 202 body; never echoes the trace."""
@@ -96,4 +116,6 @@ class CommitResult(BaseModel):
             body["dropped"] = True
         if self.repeat:
             body["repeat"] = True
+        if self.faulted:
+            body["faulted"] = True
         return body

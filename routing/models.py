@@ -17,6 +17,22 @@ TRUST_BY_SOURCE: dict[str, str] = {
 SOURCE_TYPES = tuple(TRUST_BY_SOURCE)
 RESERVED_SOURCES = ("schedule",)
 
+OnFault = Literal["continue", "hold"]
+# "continue": a faulted rule is a no-match (SPEC-0020). "hold": any fault stops evaluation and the event is
+# stored as faulted, minting nothing, so owners who gate trust with drop rules fail closed.
+ON_FAULT_VALUES: tuple[str, ...] = ("continue", "hold")
+# The longest a producer of each source may wait for its answer (ours), inside its own window: Slack gives up
+# after 3 s, Gitea after 5 s (its DELIVER_TIMEOUT default). Others get SWITCHBOARD_INGEST_WAIT_SECONDS.
+INGEST_WAIT_CAP_SECONDS: dict[str, float] = {
+    "slack": 2.5,
+    "gitea": 4.0,
+}
+
+
+def ingest_wait_seconds(source: str, default: float) -> float:
+    """How long the receiver may wait for a delivery of this source before answering pending."""
+    return min(default, INGEST_WAIT_CAP_SECONDS.get(source, default))
+
 
 class Target(BaseModel):
     """One live delivery target of a webhook, with the scope queues read from switchboard state."""
@@ -39,6 +55,7 @@ class Grant(BaseModel):
     default_action: dict[str, Any] | None = None
     params: dict[str, Any] | None = None
     subject_path: str | None = None  # the webhook's coalescing subject path (configure_webhook)
+    on_fault: OnFault = "continue"
 
     def queues(self) -> list[str]:
         """Queues a rule may name: the target queue plus the owner's allowed webhook queues."""
@@ -73,7 +90,7 @@ class Delivery(BaseModel):
 class Decision(BaseModel):
     """The router's verdict for one delivery, applied by the commit activity."""
 
-    disposition: Literal["routed", "dropped"]
+    disposition: Literal["routed", "dropped", "faulted"]
     deliveries: list[Delivery] = Field(default_factory=list)
     trace: dict[str, Any]
     once_key: str | None = None

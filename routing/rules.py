@@ -1,18 +1,17 @@
-"""Routing rules: shape, action parsing, save-time validation and the jq forbidden-function scan."""
+"""Routing rules: shape, action parsing and save-time validation (expressions through routing.jq_policy)."""
 
 from __future__ import annotations
 
 import json
 import re
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import jq
-
+from routing import jq_policy
 from routing.models import Grant
-from routing.sandbox_child import REFUSED_FUNCTIONS
+from routing.sandbox_child import RuleEngine
 
 MAX_RULES = 32
 MAX_ID_CHARS = 64
@@ -24,37 +23,6 @@ RULE_KEYS = frozenset({"id", "name", "expr", "action"})
 QUEUE_FLAGS = ("exclusive", "once", "work_order", "coalesce")
 ACTION_KEYS = frozenset({"queue", "endpoints", "drop", *QUEUE_FLAGS})
 RULE_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-PARAMS_VAR = "params"
-
-# Functions that read outside the envelope (environment, input stream, clock, files, modules) or write
-# outside the evaluation (stderr, exit codes). The compile check cannot catch them: libjq defines them.
-FORBIDDEN_FUNCTIONS = REFUSED_FUNCTIONS - {"import", "include"}  # those two are refused as keywords
-# Variables libjq defines on its own; all of them describe the process, not the envelope.
-FORBIDDEN_VARIABLES = frozenset({"ENV", "__loc__", "__prog_args", "__prog_name", "ARGS"})
-# Module directives: expressions compile with no module loader.
-FORBIDDEN_KEYWORDS = frozenset({"import", "include", "module"})
-KEYWORDS = frozenset(
-    {
-        "as",
-        "def",
-        "if",
-        "then",
-        "elif",
-        "else",
-        "end",
-        "and",
-        "or",
-        "reduce",
-        "foreach",
-        "try",
-        "catch",
-        "label",
-        "import",
-        "include",
-        "module",
-        "__loc__",
-    }
-)
 
 ERROR_CODES = (
     "invalid_expression",
@@ -98,347 +66,32 @@ class RuleValidationError(Exception):
         return out
 
 
-class JqSyntaxError(ValueError):
-    """The tokenizer could not lex the expression (jq would not either)."""
-
-
-@dataclass(frozen=True)
-class Token:
-    """One jq token: kind is ident, field, var, format, keyword, number, op, str_start/str_end, interp."""
-
-    kind: str
-    value: str
-    pos: int
-
-
 def mint_rule_id() -> str:
     """A fresh rule id inside the id charset; only used at save time, never on the delivery path."""
     return "r_" + secrets.token_hex(6)
 
 
 # ---------------------------------------------------------------------------------------------------
-# Tokenizer
+# Expressions
 # ---------------------------------------------------------------------------------------------------
-
-_IDENT_START = re.compile(r"[A-Za-z_]")
-_IDENT = re.compile(r"(?:[A-Za-z_][A-Za-z_0-9]*::)*[A-Za-z_][A-Za-z_0-9]*")
-_NUMBER = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-_FORMAT = re.compile(r"@[A-Za-z0-9_]+")
-_OPERATORS = (
-    "?//",
-    "//=",
-    "|=",
-    "+=",
-    "-=",
-    "*=",
-    "/=",
-    "%=",
-    "==",
-    "!=",
-    "<=",
-    ">=",
-    "//",
-    "..",
-)
-
-
-class _Lexer:
-    """A jq 1.7 lexer faithful where it matters: strings, interpolation, comments, fields, variables."""
-
-    def __init__(self, text: str) -> None:
-        """Lex text from the start."""
-        self.text = text
-        self.pos = 0
-        self.tokens: list[Token] = []
-
-    def run(self) -> list[Token]:
-        """Lex the whole program."""
-        self._code(interpolation=False)
-        if self.pos < len(self.text):
-            raise JqSyntaxError(f"unexpected ')' at offset {self.pos}")
-        return self.tokens
-
-    def _skip_comment(self) -> None:
-        """Skip a # comment; jq 1.7.1 lets a backslash continue it across the newline (and CRLF)."""
-        text = self.text
-        i = self.pos + 1
-        while i < len(text):
-            ch = text[i]
-            if ch == "\\":
-                # The backslash escapes the next character, or a CRLF pair, so the comment goes on.
-                i += 3 if text.startswith("\r\n", i + 1) else 2
-                continue
-            if ch == "\n":
-                break
-            i += 1
-        self.pos = min(i, len(text))
-
-    def _code(self, *, interpolation: bool) -> None:
-        """Lex code until end of text, or the ')' that closes an interpolation."""
-        text = self.text
-        depth = 0
-        while self.pos < len(text):
-            ch = text[self.pos]
-            start = self.pos
-            if ch in " \t\r\n\f\v":
-                self.pos += 1
-            elif ch == "#":
-                self._skip_comment()
-            elif ch == '"':
-                self._string()
-            elif ch == "$":
-                self.pos += 1
-                # jq 1.7 rejects "$ name", but a permissive reading can only over-refuse, never miss.
-                while self.pos < len(text) and text[self.pos] in " \t\r\n":
-                    self.pos += 1
-                match = _IDENT.match(text, self.pos)
-                if match is None:
-                    raise JqSyntaxError(f"'$' without a name at offset {start}")
-                self.pos = match.end()
-                self.tokens.append(Token("var", match.group(0), start))
-            elif ch == "@":
-                match = _FORMAT.match(text, self.pos)
-                if match is None:
-                    raise JqSyntaxError(f"bad format at offset {start}")
-                self.pos = match.end()
-                self.tokens.append(Token("format", match.group(0), start))
-            elif ch == "." and self.pos + 1 < len(text) and _IDENT_START.match(text, self.pos + 1):
-                # ".name" is one FIELD token in jq: an index, never a call, whatever the name.
-                match = _IDENT.match(text, self.pos + 1)
-                assert match is not None
-                name = match.group(0)
-                if "::" in name:
-                    raise JqSyntaxError(f"bad field name at offset {start}")
-                self.pos = match.end()
-                self.tokens.append(Token("field", name, start))
-            elif ch.isdigit() or (ch == "." and self.pos + 1 < len(text) and text[self.pos + 1].isdigit()):
-                match = _NUMBER.match(text, self.pos)
-                assert match is not None
-                self.pos = match.end()
-                self.tokens.append(Token("number", match.group(0), start))
-            elif _IDENT_START.match(ch):
-                match = _IDENT.match(text, self.pos)
-                assert match is not None
-                self.pos = match.end()
-                word = match.group(0)
-                self.tokens.append(Token("keyword" if word in KEYWORDS else "ident", word, start))
-            else:
-                op = next((o for o in _OPERATORS if text.startswith(o, self.pos)), ch)
-                self.pos += len(op)
-                if op in "([{":
-                    depth += 1
-                elif op in ")]}":
-                    if op == ")" and depth == 0 and interpolation:
-                        self.pos -= 1
-                        return
-                    depth -= 1
-                    if depth < 0:
-                        raise JqSyntaxError(f"unbalanced {op!r} at offset {start}")
-                self.tokens.append(Token("op", op, start))
-        if interpolation:
-            raise JqSyntaxError("unterminated string interpolation")
-        if depth != 0:
-            raise JqSyntaxError("unbalanced brackets")
-
-    def _string(self) -> None:
-        """Lex a string literal, recursing into each \\( … ) interpolation as code."""
-        text = self.text
-        self.tokens.append(Token("str_start", '"', self.pos))
-        self.pos += 1
-        while self.pos < len(text):
-            ch = text[self.pos]
-            if ch == '"':
-                self.tokens.append(Token("str_end", '"', self.pos))
-                self.pos += 1
-                return
-            if ch == "\\":
-                if self.pos + 1 >= len(text):
-                    break
-                if text[self.pos + 1] == "(":
-                    self.tokens.append(Token("interp_start", "\\(", self.pos))
-                    self.pos += 2
-                    self._code(interpolation=True)
-                    self.tokens.append(Token("interp_end", ")", self.pos))
-                    self.pos += 1
-                    continue
-                self.pos += 2
-                continue
-            self.pos += 1
-        raise JqSyntaxError("unterminated string")
-
-
-def tokenize(expr: str) -> list[Token]:
-    """Lex a jq program into tokens; string bodies are skipped, interpolations lexed as code."""
-    return _Lexer(expr).run()
-
-
-@dataclass
-class ScanResult:
-    """What an expression calls and references, for the forbidden-function and variable checks."""
-
-    calls: list[Token]
-    references: list[Token]
-    bindings: set[str]
-    forbidden_keywords: list[Token]
-
-
-def _is_opener(tok: Token) -> bool:
-    """A token that opens a group: a bracket, a string, or an interpolation."""
-    return tok.kind in ("str_start", "interp_start") or (tok.kind == "op" and tok.value in "([{")
-
-
-def _is_closer(tok: Token) -> bool:
-    """A token that closes a group opened by _is_opener."""
-    return tok.kind in ("str_end", "interp_end") or (tok.kind == "op" and tok.value in ")]}")
-
-
-def _skip_group(tokens: Sequence[Token], i: int) -> int:
-    """Index just past the group opening at tokens[i] (nested strings and interpolations included)."""
-    depth = 0
-    while i < len(tokens):
-        if _is_opener(tokens[i]):
-            depth += 1
-        elif _is_closer(tokens[i]):
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return i
-
-
-def _pattern(tokens: Sequence[Token], i: int, bindings: set[str], pattern_vars: set[int]) -> int:
-    """Consume one destructuring pattern at tokens[i]; record the variables it binds."""
-    if i >= len(tokens):
-        return i
-    tok = tokens[i]
-    if tok.kind == "var":
-        bindings.add(tok.value)
-        pattern_vars.add(i)
-        return i + 1
-    if not (tok.kind == "op" and tok.value in "[{"):
-        return i
-    end = _skip_group(tokens, i)
-    stack: list[Token] = []
-    for j in range(i, end):
-        t = tokens[j]
-        # Only variables at pattern level bind; those inside (key expressions) or strings are references.
-        if t.kind == "var" and all(s.kind == "op" and s.value in "[{" for s in stack):
-            bindings.add(t.value)
-            pattern_vars.add(j)
-        if _is_opener(t):
-            stack.append(t)
-        elif _is_closer(t) and stack:
-            stack.pop()
-    return end
-
-
-def scan(tokens: Sequence[Token]) -> ScanResult:
-    """Classify identifiers (calls vs keys, def names, params) and variables (bindings vs references)."""
-    calls: list[Token] = []
-    references: list[Token] = []
-    bindings: set[str] = set()
-    forbidden_keywords: list[Token] = []
-    pattern_vars: set[int] = set()
-    not_calls: set[int] = set()
-    label_vars: set[int] = set()
-
-    # Pass 1: bindings ("as" patterns, def parameters, labels) and identifiers that are not calls.
-    stack: list[str] = []  # open groups: "{", "[", "(", '"', "\\("
-    key_position = False
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if tok.kind == "keyword" and tok.value == "as":
-            j = _pattern(tokens, i + 1, bindings, pattern_vars)
-            # "?//" chains alternative patterns for the same value.
-            while j < len(tokens) and tokens[j].kind == "op" and tokens[j].value == "?//":
-                j = _pattern(tokens, j + 1, bindings, pattern_vars)
-        elif tok.kind == "keyword" and tok.value == "def":
-            if i + 1 < len(tokens) and tokens[i + 1].kind in ("ident", "keyword"):
-                not_calls.add(i + 1)
-                if i + 2 < len(tokens) and tokens[i + 2].kind == "op" and tokens[i + 2].value == "(":
-                    end = _skip_group(tokens, i + 2)
-                    for k in range(i + 3, end - 1):
-                        if tokens[k].kind == "var":
-                            bindings.add(tokens[k].value)
-                            pattern_vars.add(k)
-                        elif tokens[k].kind in ("ident", "keyword"):
-                            not_calls.add(k)
-        elif tok.kind == "keyword" and tok.value == "label":
-            if i + 1 < len(tokens) and tokens[i + 1].kind == "var":
-                label_vars.add(i + 1)
-        elif tok.kind == "ident" and tok.value == "break":
-            if i + 1 < len(tokens) and tokens[i + 1].kind == "var":
-                # "break $name" names a label, which jq itself checks is in scope.
-                not_calls.add(i)
-                label_vars.add(i + 1)
-        # Object-construction keys: an identifier or keyword right after "{" or a top-level "," in "{…}".
-        if key_position and tok.kind in ("ident", "keyword"):
-            not_calls.add(i)
-        if _is_opener(tok):
-            stack.append(tok.value)
-        elif _is_closer(tok) and stack:
-            stack.pop()
-        key_position = tok.kind == "op" and (
-            tok.value == "{" or (tok.value == "," and bool(stack) and stack[-1] == "{")
-        )
-        i += 1
-
-    # Pass 2: every remaining identifier is a call; every unbound variable is a reference.
-    for idx, tok in enumerate(tokens):
-        if tok.kind == "keyword" and tok.value in FORBIDDEN_KEYWORDS:
-            forbidden_keywords.append(tok)
-        elif tok.kind == "ident" and idx not in not_calls:
-            calls.append(tok)
-        elif tok.kind == "var" and idx not in pattern_vars and idx not in label_vars:
-            references.append(tok)
-    return ScanResult(calls, references, bindings, forbidden_keywords)
 
 
 def check_expression(expr: str) -> tuple[str, str] | None:
-    """None when the expression is acceptable, else (code, detail): forbidden first, then compile."""
-    try:
-        tokens = tokenize(expr)
-    except JqSyntaxError as exc:
-        return "invalid_expression", f"expression does not parse: {exc}"
-    result = scan(tokens)
-    if result.forbidden_keywords:
-        word = result.forbidden_keywords[0].value
-        return "forbidden_function", f"{word} is not allowed (expressions have no module loader)"
-    for tok in result.calls:
-        if "::" in tok.value:
-            return "forbidden_function", f"{tok.value} is a module function; modules are not allowed"
-        if tok.value in FORBIDDEN_FUNCTIONS:
-            return (
-                "forbidden_function",
-                f"{tok.value} is a forbidden function (it reads outside the envelope)",
-            )
-    for tok in result.references:
-        if tok.value in FORBIDDEN_VARIABLES:
-            return "forbidden_function", f"${tok.value} is forbidden (it reads outside the envelope)"
-    for tok in result.references:
-        if tok.value != PARAMS_VAR and tok.value not in result.bindings:
-            return "invalid_expression", f"${tok.value} is not defined; $params is the only variable"
-    if not expr.strip():
-        return "invalid_expression", "expression is empty"
-    try:
-        # $params bound to an empty object defines it; every other free variable fails to compile.
-        jq.compile(expr, args={PARAMS_VAR: {}})
-    except ValueError as exc:
-        return "invalid_expression", "expression does not compile: " + _jq_message(str(exc))
-    try:
-        # Evaluators wrap each rule in a larger program; a trailing "# …\" comment would swallow the
-        # wrapper's closing text and turn the rule into a permanent compile_error (a silent no-match).
-        jq.compile(f"(\n{expr}\n)", args={PARAMS_VAR: {}})
-    except ValueError:
-        return "invalid_expression", "expression must be self-contained (a trailing comment ends in a backslash?)"
+    """None when the expression is acceptable, else (code, detail): the jq policy first, then compiling.
+
+    The policy is routing/jq_policy.py, the same verdict the sandbox child applies before compiling.
+    The compile check is the child's own (RuleEngine.prepare over the combined program), so a rule that
+    compiles alone but not inside the child's program, or the reverse, cannot be saved: what is accepted
+    here never meets a compile_error at evaluation.
+    """
+    refused = jq_policy.verdict(expr)
+    if refused is not None:
+        return refused.code, refused.detail
+    # A fresh engine per check: save-time checks may run on several threads, and caching buys nothing.
+    error = RuleEngine().prepare([expr]).compile_errors.get(0)
+    if error is not None:
+        return jq_policy.INVALID, f"expression does not compile: {error}"
     return None
-
-
-def _jq_message(text: str) -> str:
-    """The first line of a jq compile error, without its "jq: error: " prefix."""
-    first = text.strip().splitlines()[0] if text.strip() else "compile error"
-    return first.removeprefix("jq: error: ")
 
 
 # ---------------------------------------------------------------------------------------------------

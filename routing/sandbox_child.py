@@ -2,8 +2,9 @@
 
 Run as ``python -I routing/sandbox_child.py <memory_limit> <hard_deadline> <progress_fd>`` with an empty
 environment.
-This module imports nothing but the standard library and ``jq``, so a freshly executed child stays
-small enough for an address-space cap to bound libjq (which aborts the process on allocation failure).
+This module imports nothing but the standard library, ``jq`` and the stdlib-only jq policy
+(routing/jq_policy.py, loaded by path), so a freshly executed child stays small enough for an
+address-space cap to bound libjq (which aborts the process on allocation failure).
 
 Protocol: one request line in, reply lines out; every reply line starts with ``SBX1 ``.
 
@@ -28,9 +29,23 @@ import sys
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Any, Final, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import jq
+
+if TYPE_CHECKING or __package__:
+    from routing import jq_policy
+else:
+    # Run as a script under "python -I": the script's folder is not on sys.path, and widening it would
+    # make every sibling module importable. Load the one policy module by path instead.
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("routing.jq_policy", Path(__file__).with_name("jq_policy.py"))
+    assert _spec is not None and _spec.loader is not None
+    jq_policy = importlib.util.module_from_spec(_spec)
+    sys.modules[_spec.name] = jq_policy  # dataclasses resolve their module through sys.modules
+    _spec.loader.exec_module(jq_policy)
 
 PREFIX: Final = b"SBX1 "
 # Shared progress slot, written before each rule: request seq, the running rule's index (COMPILING while
@@ -40,117 +55,19 @@ COMPILING: Final = -1
 
 Outcome = Literal["match", "nomatch", "error", "compile_error"]
 
-# Refused at save time too; refusing them here keeps evaluation pure even for rules stored earlier.
-# libjq binds $ENV and $__loc__ itself, so they would otherwise compile.
-REFUSED_VARIABLES: Final = frozenset({"ENV", "__loc__", "__prog_args", "__prog_name"})
-REFUSED_FUNCTIONS: Final = frozenset(
-    {
-        "env",
-        "input",
-        "inputs",
-        "input_filename",
-        "input_line_number",
-        "debug",
-        "stderr",
-        "halt",
-        "halt_error",
-        "now",
-        "localtime",
-        "strflocaltime",
-        "get_search_list",
-        "get_prog_origin",
-        "get_jq_origin",
-        "modulemeta",
-        "import",
-        "include",
-    }
-)
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*")
 _DETAIL_MAX = 160
 _LINE = re.compile(r"\bline (\d+)")
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 def refusal(expr: str) -> str | None:
-    """Why an expression is refused before compiling (a forbidden variable or builtin), or None.
+    """Why the jq policy refuses an expression before compiling it, or None (routing/jq_policy.py).
 
-    A small lexer skips string literals (but scans their ``\\(...)`` interpolations, which are code)
-    and comments; where it is unsure it scans more, never less.
+    The same verdict refuses the rule at save time, so only rules stored before a policy change meet it
+    here; refusing them keeps evaluation pure all the same.
     """
-    _, why = _scan_code(expr, 0, inside_interpolation=False)
-    return why
-
-
-_CLOSER = {"(": ")", "[": "]", "{": "}"}
-
-
-def _scan_code(expr: str, i: int, *, inside_interpolation: bool) -> tuple[int, str | None]:
-    n = len(expr)
-    open_brackets: list[str] = []
-    while i < n:
-        c = expr[i]
-        if c == '"':
-            i, why = _scan_string(expr, i + 1)
-            if why:
-                return i, why
-            continue
-        if c == "#":
-            end = expr.find("\n", i)
-            end = n if end < 0 else end
-            if expr[i:end].rstrip("\r").endswith("\\"):
-                # jq 1.8 continues such a comment on the next line; refuse rather than guess.
-                return i, "a comment may not end with a backslash"
-            i = end
-            continue
-        if c in _CLOSER:
-            open_brackets.append(_CLOSER[c])
-        elif c in ")]}":
-            if not open_brackets and inside_interpolation and c == ")":
-                return i + 1, None
-            if not open_brackets or open_brackets.pop() != c:
-                return i, f"unbalanced {c!r}"
-        elif c == "$":
-            m = _IDENT.match(expr, i + 1)
-            if m and (m.group() in REFUSED_VARIABLES or m.group().startswith("__")):
-                return i, f"${m.group()} is not available to rules"
-            i = m.end() if m else i + 1
-            continue
-        elif c.isascii() and (c.isalpha() or c == "_"):
-            m = _IDENT.match(expr, i)
-            assert m is not None
-            name = m.group()
-            after = expr[m.end() :].lstrip(" \t\r\n")
-            is_field = i > 0 and expr[i - 1] in ".@"
-            is_key = after.startswith(":") and not after.startswith("::")
-            if name in REFUSED_FUNCTIONS and not is_field and not is_key:
-                return i, f"{name} is not available to rules"
-            i = m.end()
-            continue
-        i += 1
-    if inside_interpolation:
-        return n, "unterminated string interpolation"
-    if open_brackets:
-        return n, f"unbalanced: missing {open_brackets[-1]!r}"
-    return n, None
-
-
-def _scan_string(expr: str, i: int) -> tuple[int, str | None]:
-    """Index just past the string body starting at i, scanning interpolations as code."""
-    n = len(expr)
-    while i < n:
-        c = expr[i]
-        if c == "\\":
-            if i + 1 < n and expr[i + 1] == "(":
-                i, why = _scan_code(expr, i + 2, inside_interpolation=True)
-                if why:
-                    return i, why
-                continue
-            i += 2
-            continue
-        if c == '"':
-            return i + 1, None
-        i += 1
-    return n, "unterminated string"
+    why = jq_policy.verdict(expr)
+    return None if why is None else why.detail
 
 
 def short_detail(message: str) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow, dict_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 log = logging.getLogger("switchboard.store")
 
@@ -19,24 +19,27 @@ Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 _MIGRATION_LOCK = 0x5B0A_4D16  # advisory lock id held while migrating
 
+UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError, PoolTimeout)
+"""What the store raises when PostgreSQL cannot be reached (callers answer 503, never 500)."""
 
 KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
 """libpq TCP keepalives (ignored on unix sockets), so a peer that vanished is noticed by the kernel too."""
 
 
-async def open_pool(url: str, *, max_size: int = 10, min_size: int = 1) -> Pool:
-    """Open a pool whose connections return dict rows and are checked before each use."""
+async def open_pool(url: str, *, max_size: int = 10, min_size: int = 1, pool_timeout: float = 10.0) -> Pool:
+    """Open a pool whose connections return dict rows and are checked before each use; `pool_timeout` bounds
+    each wait for a connection."""
     pool: Pool = AsyncConnectionPool(
         url,
         connection_class=AsyncConnection[DictRow],
         min_size=min_size,
         max_size=max_size,
-        kwargs={"row_factory": dict_row, "autocommit": True, **KEEPALIVES},
+        kwargs={"row_factory": dict_row, "autocommit": True, "connect_timeout": 5, **KEEPALIVES},
         # After a database restart every idle connection is dead: a check (one empty round trip) at
         # checkout discards it and hands out a fresh one instead of failing the caller's statement.
         check=AsyncConnectionPool.check_connection,
         open=False,
-        timeout=10.0,
+        timeout=pool_timeout,
     )
     await pool.open(wait=True, timeout=15.0)
     return pool

@@ -3,33 +3,36 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
-from routing.delivery import CommitInput, CommitResult, DeliveryInput, TodoRef
+from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultCommitInput, TodoRef
 from routing.envelope import parse_payload
 from routing.models import Decision
 from routing.titles import todo_title
 from store.db import Pool
+from store.errors import is_transient, translates_errors
 from store.ids import new_id
 
 DOORBELL_CHANNEL = "switchboard_todos"
 
 _FIND_EVENT = """
-SELECT id, disposition, todo_ids, routing_trace FROM events
+SELECT id, disposition, todo_ids, routing_trace, workflow_run_id FROM events
 WHERE endpoint_id = %s AND source = %s AND external_id = %s
 """
 
 _INSERT_EVENT = """
 INSERT INTO events (id, webhook_id, endpoint_id, source, kind, external_id, trust_mode, verified,
                     verify_detail, content_type, headers, payload, payload_size, source_ip, received_at,
-                    routing_trace, disposition, workflow_id, todo_ids)
+                    routing_trace, disposition, workflow_id, workflow_run_id, todo_ids)
 VALUES (%(id)s, %(webhook_id)s, %(endpoint_id)s, %(source)s, %(kind)s, %(external_id)s, %(trust_mode)s,
         %(verified)s, %(verify_detail)s, %(content_type)s, %(headers)s, %(payload)s, %(payload_size)s,
-        %(source_ip)s, %(received_at)s, %(routing_trace)s, %(disposition)s, %(workflow_id)s, %(todo_ids)s)
+        %(source_ip)s, %(received_at)s, %(routing_trace)s, %(disposition)s, %(workflow_id)s, %(workflow_run_id)s,
+        %(todo_ids)s)
 ON CONFLICT (endpoint_id, source, external_id) DO NOTHING
 RETURNING id
 """
@@ -98,12 +101,65 @@ def _jsonb_payload(value: Any, body: bytes) -> Jsonb | None:
     return Jsonb(value)
 
 
+CAUSE_COMMIT_FAILED = "commit_failed"  # stage "fault": the commit was refused deterministically
+
+# What PostgreSQL text cannot hold (NUL) or encode (lone surrogates), replaced only on the faulted path.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _storable(text: str | None) -> str | None:
+    return None if text is None else _UNSTORABLE.sub("\ufffd", text)
+
+
+def _event_row(
+    d: DeliveryInput,
+    event_id: str,
+    trace: dict[str, Any],
+    disposition: str,
+    workflow_id: str | None,
+    todo_ids: list[str],
+    body: bytes,
+    *,
+    storable: bool = False,
+    run_id: str | None = None,
+) -> dict[str, Any]:
+    """Parameters of _INSERT_EVENT; with storable, producer-derived text is made something PostgreSQL accepts."""
+
+    def text(value: str | None) -> str | None:
+        return _storable(value) if storable else value
+
+    headers = {text(k) or "": text(v) or "" for k, v in d.headers.items()}
+    return {
+        "id": event_id,
+        "webhook_id": d.webhook_id,
+        "endpoint_id": d.endpoint_id,
+        "source": d.source,
+        "kind": text(d.kind),
+        "external_id": text(d.external_id),
+        "trust_mode": d.trust_mode,
+        "verified": d.verified,
+        "verify_detail": text(d.verify_detail),
+        "content_type": text(d.content_type),
+        "headers": Jsonb(headers),
+        "payload": body,
+        "payload_size": len(body),
+        "source_ip": text(d.source_ip),
+        "received_at": datetime.fromisoformat(d.received_at),
+        "routing_trace": Jsonb(trace),
+        "disposition": disposition,
+        "workflow_id": workflow_id,
+        "workflow_run_id": run_id,
+        "todo_ids": todo_ids,
+    }
+
+
 class DeliveryStore:
     """Writes the outcome of routing; idempotent, so Temporal may retry it freely."""
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
+    @translates_errors
     async def commit(self, data: CommitInput) -> CommitResult:
         """Persist the event and its todos once; a redelivery returns what the first delivery made."""
         d, decision = data.delivery, data.decision
@@ -119,36 +175,22 @@ class DeliveryStore:
         async with self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
                 _INSERT_EVENT,
-                {
-                    "id": event_id,
-                    "webhook_id": d.webhook_id,
-                    "endpoint_id": d.endpoint_id,
-                    "source": d.source,
-                    "kind": d.kind,
-                    "external_id": d.external_id,
-                    "trust_mode": d.trust_mode,
-                    "verified": d.verified,
-                    "verify_detail": d.verify_detail,
-                    "content_type": d.content_type,
-                    "headers": Jsonb(d.headers),
-                    "payload": body,
-                    "payload_size": len(body),
-                    "source_ip": d.source_ip,
-                    "received_at": datetime.fromisoformat(d.received_at),
-                    "routing_trace": Jsonb(trace),
-                    "disposition": disposition,
-                    "workflow_id": data.workflow_id,
-                    "todo_ids": [p[0] for p in planned],
-                },
+                _event_row(
+                    d, event_id, trace, disposition, data.workflow_id, [p[0] for p in planned], body, run_id=data.run_id
+                ),
             )
             if await cur.fetchone() is None:
-                # The dedup slot is spent (an earlier delivery, or a concurrent run): report what it made.
-                again = await self._existing(conn, d.endpoint_id, d.source, d.external_id)
+                # The dedup slot is spent: by this very run (a retry of a commit that had committed reports the
+                # original outcome), or by an earlier delivery or another run (a duplicate: report what it made).
+                again = await self._existing(conn, d.endpoint_id, d.source, d.external_id, data.run_id)
                 assert again is not None
-                return CommitResult(**again, duplicate=True, **base)
+                return CommitResult(**again, **base)
             rule_id = trace.get("rule_id")
             if disposition == "dropped":
                 return CommitResult(event_id=event_id, dropped=True, disposition="dropped", rule_id=rule_id, **base)
+            if disposition == "faulted":
+                # on_fault "hold": the event and its faults are the whole outcome; no once-key, no todo, no ring.
+                return CommitResult(event_id=event_id, faulted=True, disposition="faulted", rule_id=rule_id, **base)
             if decision.once_key:
                 cur = await conn.execute(
                     "INSERT INTO routing_once (webhook_id, once_key, event_id) VALUES (%s, %s, %s)"
@@ -190,6 +232,39 @@ class DeliveryStore:
                 rule_id=rule_id,
                 **base,
             )
+
+    @translates_errors
+    async def commit_faulted(self, data: FaultCommitInput) -> CommitResult:
+        """Store a delivery whose commit was refused as faulted, with the error on its trace; idempotent."""
+        d = data.delivery
+        base: dict[str, Any] = {"verified": d.verified, "trust_mode": d.trust_mode}
+        trace: dict[str, Any] = {
+            "stage": "fault",
+            "cause": CAUSE_COMMIT_FAILED,
+            "error": {"type": data.error_type, "message": data.error_message},
+        }
+        if data.faults:
+            trace["faults"] = data.faults
+        event_id = new_id("ev")
+        row = _event_row(d, event_id, trace, "faulted", data.workflow_id, [], d.body(), storable=True)
+        try:
+            return await self._insert_faulted(d, row, base)
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+        # Whatever the database refused is among the producer-derived fields: keep the row, drop those.
+        row.update(kind=None, headers=Jsonb({}), content_type=None, verify_detail="", source_ip=None)
+        return await self._insert_faulted(d, row, base)
+
+    async def _insert_faulted(self, d: DeliveryInput, row: dict[str, Any], base: dict[str, Any]) -> CommitResult:
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(_INSERT_EVENT, row)
+            if await cur.fetchone() is None:
+                # A redelivery (or a retried run) of a delivery already stored: it stays what it was.
+                again = await self._existing(conn, d.endpoint_id, d.source, row["external_id"], None)
+                assert again is not None
+                return CommitResult(**again, **base)
+        return CommitResult(event_id=row["id"], faulted=True, disposition="faulted", **base)
 
     async def _mint(
         self,
@@ -257,20 +332,27 @@ class DeliveryStore:
         return found
 
     async def _existing(
-        self, conn: AsyncConnection[Any], endpoint_id: str, source: str, external_id: str
+        self, conn: AsyncConnection[Any], endpoint_id: str, source: str, external_id: str, run_id: str | None
     ) -> dict[str, Any] | None:
         cur = await conn.execute(_FIND_EVENT, (endpoint_id, source, external_id))
         row = await cur.fetchone()
         if row is None:
             return None
+        own = run_id is not None and row["workflow_run_id"] == run_id
         todos: list[TodoRef] = []
         if row["todo_ids"]:
             cur = await conn.execute(
-                "SELECT id, endpoint_id, queue FROM todos WHERE id = ANY(%s)", (list(row["todo_ids"]),)
+                "SELECT id, endpoint_id, queue, event_id FROM todos WHERE id = ANY(%s)", (list(row["todo_ids"]),)
             )
             found = {r["id"]: r for r in await cur.fetchall()}
+            # The todos this event minted carry its id; coalesced or already-live ones were found, not created.
             todos = [
-                TodoRef(id=i, endpoint_id=found[i]["endpoint_id"], queue=found[i]["queue"], created=False)
+                TodoRef(
+                    id=i,
+                    endpoint_id=found[i]["endpoint_id"],
+                    queue=found[i]["queue"],
+                    created=own and found[i]["event_id"] == row["id"],
+                )
                 for i in row["todo_ids"]
                 if i in found
             ]
@@ -278,9 +360,11 @@ class DeliveryStore:
         return {
             "event_id": row["id"],
             "todos": todos,
-            "created": 0,
+            "created": sum(1 for t in todos if t.created),
+            "duplicate": not own,
             "dropped": disposition == "dropped",
             "repeat": disposition == "repeat",
+            "faulted": disposition == "faulted",
             "disposition": disposition,
             "rule_id": (row["routing_trace"] or {}).get("rule_id"),
         }

@@ -49,6 +49,7 @@ class IngestWebhook(BaseModel):
     secret: str | None
     collector_secret: str | None = None  # a generic collector's HMAC secret, opened
     config: dict[str, Any] = {}
+    rate_per_second: float | None = None  # the webhook's own pace; None = the operator default
 
 
 class Todo(BaseModel):

@@ -9,10 +9,10 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
-from routing.models import Grant
+from routing.models import ON_FAULT_VALUES, Grant, OnFault
 from routing.rules import RuleValidationError, validate_config
 from store.db import Pool
-from store.errors import DomainError, Forbidden, NotFound, RuleRejected
+from store.errors import DomainError, Forbidden, InvalidArgument, NotFound, RuleRejected
 from store.models import Caller
 from store.webhooks import WebhookStore
 
@@ -24,7 +24,7 @@ _LOCK_WEBHOOK = "SELECT id FROM endpoint_webhooks WHERE id = %s AND state = 'liv
 _WRITE_RULES = """
 UPDATE endpoint_webhooks
 SET routing_rules = %(rules)s, routing_default_action = %(default_action)s, routing_params = %(params)s,
-    updated_at = now()
+    routing_on_fault = %(on_fault)s, updated_at = now()
 WHERE id = %(webhook)s
 """
 
@@ -45,15 +45,17 @@ class RuleConfig(BaseModel):
     rules: list[dict[str, Any]]
     default_action: dict[str, Any] | None
     params: dict[str, Any] | None
+    on_fault: OnFault = "continue"
     grant: Grant
 
 
 class Candidate(BaseModel):
-    """A configuration to validate and save: rules (raw, ids may be missing), default and params."""
+    """A configuration to validate and save: rules (raw, ids may be missing), default, params and on_fault."""
 
     rules: list[Any]
     default_action: Any = None
     params: Any = None
+    on_fault: Any = "continue"
 
 
 class StoredEvent(BaseModel):
@@ -93,6 +95,15 @@ def rejection(exc: RuleValidationError) -> DomainError:
     return RuleRejected(exc.message, code=exc.code)
 
 
+def validate_on_fault(value: Any) -> OnFault:
+    """The saved on_fault: exactly "continue" or "hold"; anything else changes nothing (invalid_argument)."""
+    if value == "continue":
+        return "continue"
+    if value == "hold":
+        return "hold"
+    raise InvalidArgument(f"on_fault must be one of {', '.join(ON_FAULT_VALUES)}")
+
+
 def _owned(grant: Grant | None, caller: Caller) -> Grant:
     """The grant when the caller's human owns the webhook; unknown and foreign are the same not_found."""
     if grant is None or grant.human_id != caller.human_id:
@@ -106,6 +117,7 @@ def _config(grant: Grant) -> RuleConfig:
         rules=list(grant.rules),
         default_action=grant.default_action,
         params=grant.params,
+        on_fault=grant.on_fault,
         grant=grant,
     )
 
@@ -136,6 +148,7 @@ class RuleStore:
                 )
             except RuleValidationError as exc:
                 raise rejection(exc) from exc
+            on_fault = validate_on_fault(candidate.on_fault)
             # Unset params stay unset (NULL); they bind as an empty object either way.
             stored_params = params if candidate.params is not None else None
             await conn.execute(
@@ -144,11 +157,12 @@ class RuleStore:
                     "rules": Jsonb(rules),
                     "default_action": Jsonb(default_action) if default_action is not None else None,
                     "params": Jsonb(stored_params) if stored_params is not None else None,
+                    "on_fault": on_fault,
                     "webhook": webhook_id,
                 },
             )
         grant = current.grant.model_copy(
-            update={"rules": rules, "default_action": default_action, "params": stored_params}
+            update={"rules": rules, "default_action": default_action, "params": stored_params, "on_fault": on_fault}
         )
         return _config(grant)
 

@@ -181,10 +181,13 @@ class ScheduleStore:
                 )
 
     async def record_fire(self, schedule_id: str, event_id: str, fired_at: datetime) -> None:
-        """Note a fire's event on the schedule row (the event itself is the durable record)."""
+        """Note a fire's event on the schedule row (the event itself is the durable record); counted once."""
         async with self.pool.connection() as conn:
+            # The fire's row makes a retried record (the activity ran, its completion was lost) count nothing.
             await conn.execute(
-                "UPDATE schedules SET fire_count = fire_count + 1, last_event_id = %s,"
-                " last_fired_at = greatest(last_fired_at, %s) WHERE id = %s",
-                (event_id, fired_at, schedule_id),
+                "WITH fire AS (INSERT INTO schedule_fires (schedule_id, event_id) VALUES (%s, %s)"
+                " ON CONFLICT DO NOTHING RETURNING schedule_id)"
+                " UPDATE schedules SET fire_count = fire_count + 1, last_event_id = %s,"
+                " last_fired_at = greatest(last_fired_at, %s) WHERE id = (SELECT schedule_id FROM fire)",
+                (schedule_id, event_id, event_id, fired_at),
             )

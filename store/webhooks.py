@@ -11,7 +11,15 @@ from psycopg.types.json import Jsonb
 from routing.models import RESERVED_SOURCES, TRUST_BY_SOURCE, Grant, Target
 from store.crypto import SecretBox
 from store.db import Pool
-from store.errors import CeilingExceeded, Conflict, Forbidden, ForbiddenSourceType, InvalidArgument, NotFound
+from store.errors import (
+    CeilingExceeded,
+    Conflict,
+    Forbidden,
+    ForbiddenSourceType,
+    InvalidArgument,
+    NotFound,
+    translates_errors,
+)
 from store.ids import new_id, new_ingest_token, new_webhook_secret
 from store.models import Caller, IngestWebhook, Webhook
 
@@ -26,7 +34,7 @@ _WEBHOOK_COLUMNS = (
 _GRANT_SQL = """
 WITH w AS (
     SELECT w.id, w.endpoint_id, w.source_type, w.target_queue, w.routing_rules, w.routing_default_action,
-           w.routing_params, w.config, e.webhook_queues, a.owner_human_id AS human_id
+           w.routing_params, w.routing_on_fault, w.config, e.webhook_queues, a.owner_human_id AS human_id
     FROM endpoint_webhooks w
     JOIN endpoints e ON e.id = w.endpoint_id
     JOIN agents a ON a.id = e.agent_id
@@ -117,7 +125,7 @@ class WebhookStore:
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 "SELECT id, endpoint_id, source_type, trust_mode, secret_ciphertext, collector_secret_ciphertext,"
-                " config FROM endpoint_webhooks WHERE ingest_token = %s AND state = 'live'",
+                " config, rate_per_second FROM endpoint_webhooks WHERE ingest_token = %s AND state = 'live'",
                 (token,),
             )
             row = await cur.fetchone()
@@ -131,6 +139,7 @@ class WebhookStore:
         )
         return IngestWebhook(secret=secret, collector_secret=collector_secret, **row)
 
+    @translates_errors
     async def load_grant(self, webhook_id: str) -> Grant:
         """The webhook's configuration and live targets, recomputed for one delivery."""
         async with self.pool.connection() as conn:
@@ -156,8 +165,20 @@ class WebhookStore:
             rules=list(row["routing_rules"] or []),
             default_action=row["routing_default_action"],
             params=row["routing_params"],
+            on_fault=row["routing_on_fault"],
             subject_path=((row["config"] or {}).get("collector") or {}).get("subject_path"),
         )
+
+    async def set_rate(self, webhook_id: str, rate_per_second: float | None) -> None:
+        """Set a webhook's own pace (deliveries/s; 0 = unpaced; None = back to the operator default)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "UPDATE endpoint_webhooks SET rate_per_second = %s, updated_at = now()"
+                " WHERE id = %s AND state = 'live' RETURNING id",
+                (rate_per_second, webhook_id),
+            )
+            if await cur.fetchone() is None:
+                raise NotFound("unknown webhook")
 
     async def add_route_unchecked(self, webhook_id: str, target_endpoint_id: str) -> None:
         """Record a route without authorization (operators and tests; agents use the route verbs)."""

@@ -103,6 +103,9 @@ def load_pack(pack: str, params_file: str | None = None, params: list[str] | Non
     body: dict[str, Any] = {"rules": loaded["rules"]}
     if loaded.get("default_action") is not None:
         body["default_action"] = loaded["default_action"]
+    if loaded.get("on_fault") is not None:
+        # The shipped packs hold on a fault: a gate that cannot be evaluated must not let a delivery past it.
+        body["on_fault"] = loaded["on_fault"]
     values = loaded.get("params")
     if params_file is not None:
         values = json.loads(Path(params_file).read_text())
@@ -215,6 +218,18 @@ def build_parser() -> argparse.ArgumentParser:
             s,
             "set_friend_edge",
             {"from_human_id": a.from_human_id, "to_human_id": a.to_human_id, "state": a.state},
+        )
+    )
+
+    webhook = sub.add_parser("webhook", help="webhooks (operator)").add_subparsers(dest="action", required=True)
+    wr = webhook.add_parser("rate", help="pace a webhook: deliveries past the rate wait in the inbox")
+    wr.add_argument("webhook_id")
+    wr.add_argument("rate", help="deliveries per second; 0 = unpaced; 'default' = the operator default")
+    wr.set_defaults(
+        fn=lambda s, a: _admin(
+            s,
+            "set_webhook_rate",
+            {"webhook_id": a.webhook_id, "rate_per_second": None if a.rate == "default" else float(a.rate)},
         )
     )
 

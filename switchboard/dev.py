@@ -29,6 +29,8 @@ async def serve(settings: Settings, *, with_worker: bool = True) -> None:
     service."""
     from api.app import create_app
     from store.db import open_pool
+    from store.inbox import InboxStore
+    from switchboard.relay import running_relay
     from switchboard.temporal import connect, ensure_schedules
     from worker import build_worker, make_sandbox
 
@@ -53,7 +55,8 @@ async def serve(settings: Settings, *, with_worker: bool = True) -> None:
         )
     )
     try:
-        async with worker:
+        # The API-hosted worker relays the inbox too, so a single-process deployment drains it.
+        async with worker, running_relay(client, InboxStore(pool), settings):
             await server.serve()
     finally:
         if sandbox is not None:

@@ -41,7 +41,24 @@ class Settings(BaseSettings):
     secret_key: str | None = Field(default=None, description="hex AES-256 key for secrets at rest")
     ingest_body_max: int = 1024 * 1024
     agent_body_max: int = 1024 * 1024
-    ingest_wait_seconds: float = 10.0
+    # Total time a producer waits for the routed answer; a per-source cap (routing.models.INGEST_WAIT_CAP_SECONDS)
+    # keeps short-windowed producers (Slack: 3 s) inside their window. Past it the answer is `202 pending`.
+    ingest_wait_seconds: float = 5.0
+    # How long Temporal gets to take a start before the delivery goes to the PostgreSQL inbox instead.
+    temporal_start_timeout_seconds: float = 2.0
+    # Admission: starts+waits in flight per API process beyond which deliveries go to the inbox at once.
+    ingest_max_inflight: int = 64
+    # After Temporal refused or missed a start, deliveries go straight to the inbox for this long.
+    ingest_start_backoff_seconds: float = 2.0
+    # Operator default per-webhook rate (deliveries/s; 0 = unpaced) and its burst; a webhook may override it.
+    webhook_rate_per_second: float = 0.0
+    webhook_rate_burst: int = 10
+    # The inbox relay in every worker process.
+    relay_batch: int = 50
+    relay_concurrency: int = 16
+    relay_poll_seconds: float = 0.5
+    relay_backoff_max_seconds: float = 10.0
+    relay_log_seconds: float = 30.0
     # Per client address, charged only by requests refused before or at verification (api/ingest.py).
     ingest_rate_per_second: float = 10.0
     ingest_rate_burst: int = 20
@@ -59,6 +76,10 @@ class Settings(BaseSettings):
     # Comma-separated IPs/CIDRs of reverse proxies whose X-Forwarded-For is believed; empty trusts none.
     forwarded_allow_ips: str = ""
     db_pool_max: int = 10
+    # How long a request waits for a working database connection before answering 503.
+    db_pool_timeout: float = 1.5
+    # Each /healthz dependency check is cut off after this long.
+    health_timeout_seconds: float = 0.8
     api_worker: bool = True
     eager_start: bool = True
     evaluate_locally: bool = False

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -64,3 +68,16 @@ async def post_gitea(
     headers = {"Content-Type": "application/json", "X-Gitea-Event": "issues", "X-Gitea-Delivery": delivery}
     headers.update(sign_gitea(webhook["secret"].encode(), body))
     return await http.post(f"/webhooks/w/{token_of(webhook['ingest_url'])}", content=body, headers=headers)
+
+
+async def eventually(probe: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1) -> Any:
+    """Poll ``probe`` (sync or async) until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = probe()
+        if inspect.isawaitable(got):
+            got = await got
+        if got:
+            return got
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(interval)

@@ -18,11 +18,11 @@ from routing.collectors import collector_config, delivery_kind
 from routing.decision import decide
 from routing.envelope import build_envelope, parse_payload
 from routing.headers import lower_headers, sanitize_headers
-from routing.models import TRUST_BY_SOURCE, Decision, Evaluation, Grant
+from routing.models import TRUST_BY_SOURCE, Decision, Evaluation, Grant, OnFault
 from routing.rules import RuleValidationError, validate_config
 from routing.sandbox import SandboxPool
 from store.errors import InvalidArgument, RuleNotFound
-from store.rules import Candidate, RuleConfig, StoredEvent, StoredTodo, rejection
+from store.rules import Candidate, RuleConfig, StoredEvent, StoredTodo, rejection, validate_on_fault
 
 FAMILY = "webhooks"
 BACKTEST_MAX = 200
@@ -36,6 +36,10 @@ ActionJSON = dict[str, Any]
 _RULES_DOC = "ordered rules {id?, name?, expr, action}; ids are minted when omitted"
 _DEFAULT_DOC = 'the action when no rule matches; null means {"queue": <target queue>} on every target'
 _PARAMS_DOC = "JSON object bound as $params in every expression (≤ 16 KiB encoded)"
+_ON_FAULT_DOC = (
+    '"continue" (a faulted rule is a no-match) or "hold" (any fault stops evaluation; the event is stored as'
+    " faulted and nothing is minted)"
+)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -70,6 +74,7 @@ class RulesOutput(BaseModel):
     default_action: ActionJSON | None = Field(description=_DEFAULT_DOC)
     effective_default_action: ActionJSON = Field(description="the default that applies today")
     params: dict[str, Any] | None
+    on_fault: OnFault = Field(description=_ON_FAULT_DOC)
     grant: GrantOut
 
 
@@ -77,6 +82,9 @@ class SetRulesInput(WebhookInput):
     rules: RulesJSON = Field(description=_RULES_DOC)
     default_action: ActionJSON | None = Field(default=None, description=_DEFAULT_DOC)
     params: dict[str, Any] | None = Field(default=None, description=_PARAMS_DOC + "; omitting it clears them")
+    on_fault: OnFault | None = Field(
+        default=None, description=_ON_FAULT_DOC + "; omitted: the saved value stays (a careless save never loosens it)"
+    )
 
 
 class AddRuleInput(WebhookInput):
@@ -114,6 +122,7 @@ class CandidateInput(WebhookInput):
     rules: RulesJSON | None = Field(default=None, description=_RULES_DOC + "; omitted: the saved rules")
     default_action: ActionJSON | None = Field(default=None, description=_DEFAULT_DOC + "; omitted: the saved default")
     params: dict[str, Any] | None = Field(default=None, description=_PARAMS_DOC + "; omitted: the saved params")
+    on_fault: OnFault | None = Field(default=None, description=_ON_FAULT_DOC + "; omitted: the saved value")
 
 
 class DryRunInput(CandidateInput):
@@ -126,7 +135,7 @@ class DryRunInput(CandidateInput):
 class DecisionOut(BaseModel):
     """Where the delivery would go. For an exclusive action, endpoints is the single chosen one."""
 
-    disposition: Literal["routed", "dropped", "no_targets"]
+    disposition: Literal["routed", "dropped", "faulted", "no_targets"]
     drop: bool
     queue: str | None
     endpoints: list[str]
@@ -150,7 +159,9 @@ class BacktestInput(CandidateInput):
 class OutcomeOut(BaseModel):
     """One routing outcome: what was stored, or what the candidate rules decide."""
 
-    disposition: str = Field(description="routed | dropped | repeat (once key already claimed) | no_targets")
+    disposition: str = Field(
+        description="routed | dropped | repeat (once key already claimed) | faulted (on_fault hold) | no_targets"
+    )
     stage: str | None = None
     rule_index: int | None = None
     rule_id: str | None = None
@@ -203,6 +214,7 @@ def _out(config: RuleConfig) -> dict[str, Any]:
         "default_action": config.default_action,
         "effective_default_action": config.default_action or {"queue": grant.target_queue},
         "params": config.params,
+        "on_fault": config.on_fault,
         "grant": GrantOut(
             queues=grant.queues(),
             endpoints=[
@@ -241,9 +253,11 @@ async def route(ctx: Context, grant: Grant, envelope: dict[str, Any]) -> Decisio
 
 def candidate_grant(saved: RuleConfig, data: CandidateInput) -> tuple[Grant, bool]:
     """The grant with candidate rules/default/params, validated exactly as a save; never stored."""
-    given = data.model_fields_set & {"rules", "default_action", "params"}
+    given = data.model_fields_set & {"rules", "default_action", "params", "on_fault"}
     if data.rules is None:
         given.discard("rules")
+    if data.on_fault is None:
+        given.discard("on_fault")
     if not given:
         return saved.grant, False
     rules = data.rules if "rules" in given else saved.rules
@@ -257,6 +271,7 @@ def candidate_grant(saved: RuleConfig, data: CandidateInput) -> tuple[Grant, boo
         "rules": norm_rules,
         "default_action": norm_default,
         "params": norm_params if params is not None else None,
+        "on_fault": validate_on_fault(data.on_fault if "on_fault" in given else saved.on_fault),
     }
     return saved.grant.model_copy(update=update), True
 
@@ -306,6 +321,8 @@ def sample_envelope(
 def decision_out(grant: Grant, decision: Decision) -> DecisionOut:
     if decision.disposition == "dropped":
         return DecisionOut(disposition="dropped", drop=True, queue=None, endpoints=[])
+    if decision.disposition == "faulted":
+        return DecisionOut(disposition="faulted", drop=False, queue=None, endpoints=[])
     if not decision.deliveries:
         return DecisionOut(disposition="no_targets", drop=False, queue=None, endpoints=[])
     return DecisionOut(
@@ -334,7 +351,7 @@ def stored_outcome(event: StoredEvent, todos: dict[str, StoredTodo]) -> OutcomeO
     """What the receiver decided and minted for a stored event."""
     trace = event.routing_trace
     action = trace.get("action")
-    queue = action.get("queue") if isinstance(action, dict) and event.disposition != "dropped" else None
+    queue = action.get("queue") if isinstance(action, dict) and event.disposition == "routed" else None
     found = [todos[t] for t in event.todo_ids if t in todos]
     if found:
         queue = found[0].queue
@@ -404,7 +421,8 @@ async def list_webhook_rules(ctx: Context, data: WebhookInput) -> RulesOutput:
 )
 async def set_webhook_rules(ctx: Context, data: SetRulesInput) -> RulesOutput:
     def edit(current: RuleConfig) -> Candidate:
-        return Candidate(rules=data.rules, default_action=data.default_action, params=data.params)
+        on_fault = data.on_fault if data.on_fault is not None else current.on_fault
+        return Candidate(rules=data.rules, default_action=data.default_action, params=data.params, on_fault=on_fault)
 
     return RulesOutput(**_out(await ctx.services.rules.modify(ctx.caller, data.webhook_id, edit)))
 
@@ -427,7 +445,9 @@ async def add_webhook_rule(ctx: Context, data: AddRuleInput) -> AddRuleOutput:
             raise InvalidArgument(f"position {position} is past the end of the list ({len(rules)} rules)")
         rules.insert(position, data.rule)
         placed.append(position)
-        return Candidate(rules=rules, default_action=current.default_action, params=current.params)
+        return Candidate(
+            rules=rules, default_action=current.default_action, params=current.params, on_fault=current.on_fault
+        )
 
     config = await ctx.services.rules.modify(ctx.caller, data.webhook_id, edit)
     return AddRuleOutput(**_out(config), rule_id=config.rules[placed[-1]]["id"])
@@ -453,7 +473,9 @@ async def update_webhook_rule(ctx: Context, data: UpdateRuleInput) -> RulesOutpu
             del merged["name"]
         rules: list[Any] = list(current.rules)
         rules[index] = merged
-        return Candidate(rules=rules, default_action=current.default_action, params=current.params)
+        return Candidate(
+            rules=rules, default_action=current.default_action, params=current.params, on_fault=current.on_fault
+        )
 
     return RulesOutput(**_out(await ctx.services.rules.modify(ctx.caller, data.webhook_id, edit)))
 
@@ -475,7 +497,9 @@ async def move_webhook_rule(ctx: Context, data: MoveRuleInput) -> RulesOutput:
             raise InvalidArgument(f"position {data.position} is out of range ({len(current.rules)} rules)")
         rules: list[Any] = list(current.rules)
         rules.insert(data.position, rules.pop(index))
-        return Candidate(rules=rules, default_action=current.default_action, params=current.params)
+        return Candidate(
+            rules=rules, default_action=current.default_action, params=current.params, on_fault=current.on_fault
+        )
 
     return RulesOutput(**_out(await ctx.services.rules.modify(ctx.caller, data.webhook_id, edit)))
 
@@ -499,7 +523,9 @@ async def remove_webhook_rule(ctx: Context, data: RemoveRuleInput) -> RemoveRule
         # Re-checked under the lock: a concurrent remove may have won.
         rules = [r for r in locked.rules if r.get("id") != data.rule_id]
         removed.append(len(rules) != len(locked.rules))
-        return Candidate(rules=rules, default_action=locked.default_action, params=locked.params)
+        return Candidate(
+            rules=rules, default_action=locked.default_action, params=locked.params, on_fault=locked.on_fault
+        )
 
     config = await store.modify(ctx.caller, data.webhook_id, edit)
     return RemoveRuleOutput(**_out(config), removed=removed[-1])

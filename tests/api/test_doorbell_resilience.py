@@ -355,12 +355,14 @@ async def test_a_dropped_ring_is_given_back_and_a_catch_up_rings_it(live_stack: 
         ids = [(await ingest(live_stack, hook, number=n))[1] for n in range(BUFFER + 2)]
         await eventually(lambda: stuck.dropped == 2, timeout=10)
         rung = {r[0] for r in live_stack.sql("SELECT id FROM todos WHERE id = ANY(%s) AND rung_at IS NOT NULL", ids)}
-        assert rung == set(ids[:BUFFER])  # the two dropped rings were given back
+        # Rings are claimed concurrently, so which two were dropped is not fixed; they were given back.
+        assert len(rung) == BUFFER and rung <= set(ids)
+        missed = set(ids) - rung
         # Once the stream drains, a catch-up (as after a reconnect) rings the two it missed, once.
         while not stuck.buffer.empty():
             stuck.buffer.get_nowait()
         listener = live_stack.app.state.doorbell
         assert listener.alive_at is not None
         assert await listener.catch_up(listener.alive_at - timedelta(minutes=5)) == 2
-        assert [stuck.buffer.get_nowait().todo_id for _ in range(2)] == ids[BUFFER:]
+        assert {stuck.buffer.get_nowait().todo_id for _ in range(2)} == missed
         assert await listener.catch_up(listener.alive_at - timedelta(minutes=5)) == 0

@@ -580,3 +580,15 @@ async def test_pool_review_reaches_only_the_requested_identity(stack: Stack) -> 
             stack, pools[key][1], pr_event("created", comment={"body": "nit"}), event="pull_request_review_comment"
         )
         assert comment["created"] == 1, key
+
+
+async def test_fleet_non_routing_issue_actions_drop_even_on_sized_issues(stack: Stack) -> None:
+    _, webhook, _ = await fleet(stack, "github")
+    # Removing HUMAN from a held size/S issue is an `unlabeled` event: it must not release the issue to lane-s.
+    unheld = labeled(41, "size/S", action="unlabeled")
+    unheld["label"] = {"name": "HUMAN"}
+    for payload in (unheld, labeled(42, "size/M", action="edited"), labeled(43, "size/L", action="assigned")):
+        body = await deliver(stack, webhook, payload)
+        assert body["dropped"] is True and body["todos"] == [], payload["action"]
+        assert event_row(stack, body["event_id"])[1]["rule_id"] == "issue-not-routable"
+    assert stack.sql("SELECT count(*) FROM todos")[0][0] == 0

@@ -463,9 +463,15 @@ def test_pack_install_body_from_shipped_packs_and_params() -> None:
 
     fleet = load_pack("fleet")
     shipped = json.loads((Path(__file__).resolve().parents[2] / "docs/routing/rule-packs/fleet.json").read_text())
-    assert fleet == {"rules": shipped["rules"], "default_action": {"drop": True}, "params": shipped["params"]}
+    assert fleet == {
+        "rules": shipped["rules"],
+        "default_action": {"drop": True},
+        "on_fault": "hold",
+        "params": shipped["params"],
+    }
     pool = load_pack("pool-review", params=["identity=joestump-agent"])
     assert "default_action" not in pool and pool["params"] == {"identity": "joestump-agent"}
+    assert pool["on_fault"] == "hold"
     with_list = load_pack("pool-review", params=['identity=["a"]'])
     assert with_list["params"] == {"identity": ["a"]}
     args = build_parser().parse_args(
@@ -486,6 +492,7 @@ async def test_pool_review_pack_installs_with_one_call(stack: Stack, tmp_path: P
     )
     assert [r["id"] for r in installed["rules"]] == ["review-request-not-for-me", "own-pr-review-trigger"]
     assert installed["params"] == {"identity": "joestump-agent"} and installed["default_action"] is None
+    assert installed["on_fault"] == "hold"
 
     review = {
         "action": "review_requested",

@@ -500,3 +500,57 @@ def test_decide_is_deterministic(g: Grant, ev: Evaluation, which: str) -> None:
         assert first.deliveries == []
     if first.once_key is not None:
         assert first.trace["once_key"] == first.once_key
+
+
+# --- on_fault ------------------------------------------------------------------------------------------
+
+GATED = [
+    {"id": "gate", "name": "untrusted drops", "expr": "false", "action": {"drop": True}},
+    {"id": "lane", "expr": "true", "action": {"queue": "lane-m", "exclusive": True, "once": True}},
+]
+CAUSES = ("error", "timeout", "compile_error", "budget_exhausted", "sandbox_busy", "sandbox_failure")
+
+
+def test_continue_keeps_no_match_semantics_for_a_faulting_gate() -> None:
+    faults = [Fault(rule_index=0, rule_id="gate", cause="error", detail="boom")]
+    d = decide(grant(GATED, on_fault="continue"), Evaluation(matched_index=1, faults=faults), cairn_env())
+    assert d.disposition == "routed" and d.trace["rule_id"] == "lane"
+    assert d.trace["faults"] == [{"rule_index": 0, "rule_id": "gate", "cause": "error", "detail": "boom"}]
+
+
+def test_hold_stops_at_a_fault_before_the_match_whatever_the_cause() -> None:
+    for cause in CAUSES:
+        index = -1 if cause in ("sandbox_busy", "sandbox_failure") else 0
+        faults = [Fault(rule_index=index, rule_id="gate" if index == 0 else None, cause=cause)]
+        # A later rule matched: the fault still holds, because evaluation stops at the fault.
+        d = decide(grant(GATED, on_fault="hold"), Evaluation(matched_index=1, faults=faults), cairn_env())
+        assert d.disposition == "faulted", cause
+        assert d.deliveries == [] and d.once_key is None and d.work_order is None
+        assert d.trace["stage"] == "fault" and d.trace["cause"] == "held_on_fault"
+        assert d.trace["rule_index"] == index
+        assert d.trace["faults"] == [f.model_dump(exclude_none=True) for f in faults]
+        if index == 0:
+            assert d.trace["rule_id"] == "gate" and d.trace["rule_name"] == "untrusted drops"
+        else:
+            assert "rule_id" not in d.trace
+
+
+def test_hold_with_no_match_and_a_fault_holds_instead_of_the_default() -> None:
+    faults = [Fault(rule_index=1, rule_id="lane", cause="timeout")]
+    d = decide(grant(GATED, on_fault="hold", default_action={"queue": "hold"}), Evaluation(faults=faults))
+    assert d.disposition == "faulted" and d.trace["rule_id"] == "lane"
+
+
+def test_hold_without_faults_routes_as_continue() -> None:
+    for on_fault in ("continue", "hold"):
+        d = decide(grant(GATED, on_fault=on_fault), Evaluation(matched_index=1), cairn_env())
+        assert d.disposition == "routed" and d.trace["rule_id"] == "lane" and d.once_key is not None
+        empty = decide(grant(GATED, on_fault=on_fault), Evaluation(), cairn_env())
+        assert empty.disposition == "routed" and empty.trace["cause"] == "no_match_default"
+
+
+def test_hold_ignores_a_fault_reported_after_the_match() -> None:
+    # The sandbox stops at the first match, so this cannot happen; if a report says so, the match decides.
+    faults = [Fault(rule_index=1, rule_id="lane", cause="error")]
+    d = decide(grant(GATED, on_fault="hold"), Evaluation(matched_index=0, faults=faults), cairn_env())
+    assert d.disposition == "dropped" and d.trace["rule_id"] == "gate"

@@ -219,8 +219,9 @@ def pull_request(
 
 
 def test_fleet_pack_shape() -> None:
-    assert set(FLEET) == {"rules", "default_action", "params"}
+    assert set(FLEET) == {"rules", "default_action", "on_fault", "params"}
     assert FLEET["default_action"] == {"drop": True}
+    assert FLEET["on_fault"] == "hold" and POOL["on_fault"] == "hold"  # a faulting gate must not fall through
     assert len(FLEET["rules"]) <= 32
     assert all(r.get("id") and r.get("name") for r in FLEET["rules"])
     for rule in FLEET["rules"]:
@@ -296,9 +297,9 @@ FLEET_CASES: list[tuple[str, Callable[[], dict[str, Any]], str, str]] = [
         "github-unlabeled-size",
         lambda: issue(provider="github", action="unlabeled", label="size/M"),
         "drop",
-        "issue-unsized-label-event",
+        "issue-not-routable",
     ),
-    ("label-cleared", lambda: issue(action="label_cleared"), "drop", "issue-unsized-label-event"),
+    ("label-cleared", lambda: issue(action="label_cleared"), "drop", "issue-not-routable"),
     ("edited-is-not-routable", lambda: issue(action="edited", labels=("size/M",)), "drop", "issue-not-routable"),
     ("closed-issue", lambda: label_event(labels=("size/M",), state="closed"), "drop", "issue-not-open"),
     # untrusted authors, labelers and repos; text never grants trust
@@ -366,6 +367,37 @@ FLEET_CASES: list[tuple[str, Callable[[], dict[str, Any]], str, str]] = [
     ("cairn-tags-not-a-list", lambda: cairn("handoff lane:s"), "drop", "cairn-not-handoff"),
     ("cairn-other-kind", lambda: cairn(kind="artifact.deleted"), "drop", "cairn-not-artifact"),
     ("cairn-no-id", lambda: cairn(artifact_id=""), "drop", "cairn-not-artifact"),
+]
+
+# ADR-0025 (g): only opened, reopened, labeled and label_updated route an issue. Every other action drops at
+# issue-not-routable, whatever labels the issue carries now (removing HUMAN from a held size/S issue is an
+# `unlabeled` event and must not release it to lane-s).
+NON_ROUTING_ACTIONS = ("unlabeled", "edited", "assigned", "milestoned")
+ISSUE_STATES: dict[str, tuple[str, ...]] = {
+    "sized": ("size/S",),
+    "held-human": ("size/S",),  # HUMAN was just removed (unlabeled) or is still there (the other actions)
+    "held-xl": ("size/XL",),
+    "unsized": ("bug",),
+}
+
+
+def _non_routing(provider: str, action: str, state: str) -> Callable[[], dict[str, Any]]:
+    labels = ISSUE_STATES[state]
+    if state == "held-human" and action != "unlabeled":
+        labels = (*labels, "HUMAN")
+    label = "HUMAN" if state == "held-human" and action == "unlabeled" else None
+    if action == "unlabeled" and label is None:
+        label = "bug"
+    return lambda: issue(provider=provider, action=action, labels=labels, label=label)
+
+
+FLEET_CASES += [
+    (f"{provider}-{action}-{state}", _non_routing(provider, action, state), "drop", "issue-not-routable")
+    for provider in ("github", "gitea")
+    for action in NON_ROUTING_ACTIONS
+    for state in ISSUE_STATES
+    # Gitea has no `unlabeled` action (it sends label_updated / label_cleared).
+    if not (provider == "gitea" and action == "unlabeled")
 ]
 
 

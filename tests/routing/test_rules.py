@@ -6,15 +6,14 @@ from typing import Any
 
 import pytest
 
+from routing.jq_policy import REFUSED_FUNCTIONS, tokenize
 from routing.models import Grant, Target
 from routing.rules import (
-    FORBIDDEN_FUNCTIONS,
     MAX_RULES,
     RuleValidationError,
     check_expression,
     mint_rule_id,
     parse_action,
-    tokenize,
     validate_config,
     validate_default_action,
     validate_params,
@@ -205,13 +204,32 @@ def test_invalid_expressions(expr: str) -> None:
 @pytest.mark.parametrize(
     "expr",
     [
+        "$__loc__",
+        "{$__loc__}",
+        "$__loc__.line",
+        "$__prog_args",
+        "$__sbx_start",
+        ". as $__tmp | true",
+        "def f($__a): 1; f(1)",
+    ],
+)
+def test_libjq_and_reserved_variables_are_undefined(expr: str) -> None:
+    """SPEC-0020: undefined variables (e.g. $__loc__) fail to compile; libjq binds $__loc__ itself, so the
+    policy refuses every $__ name (bound or not) rather than leave it to the compiler."""
+    err = reject([rule("x", expr=expr)])
+    assert err.code == "invalid_expression", (expr, err.message)
+    assert "reserved" in err.message
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
         "env",
         "env.HOME",
         "$ENV",
         "$ENV.HOME",
-        "$__loc__",
-        "{$__loc__}",
-        "$__prog_args",
+        "{$ENV}",
+        ". as {$ENV} | 1",
         "input",
         "inputs",
         "[inputs]",
@@ -315,7 +333,7 @@ def test_forbidden_beats_compile_error() -> None:
 def test_forbidden_list_covers_the_spec() -> None:
     spec = {"env", "input", "inputs", "input_filename", "debug", "stderr", "halt", "halt_error", "now"}
     spec |= {"localtime", "strflocaltime"}
-    assert spec <= FORBIDDEN_FUNCTIONS
+    assert spec <= REFUSED_FUNCTIONS
 
 
 def test_tokenizer_tracks_interpolation_and_comments() -> None:

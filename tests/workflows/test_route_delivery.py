@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -22,7 +21,7 @@ from routing.delivery import CommitResult
 from store.db import open_pool
 from switchboard.embedded import search_attribute_args, temporal_cli
 from tests.conftest import Stack, running_stack
-from tests.helpers import issue_payload, post_github
+from tests.helpers import eventually, issue_payload, post_github
 from worker import build_worker
 from workflows.route_delivery import RouteDelivery
 from workflows.upkeep import ReapTodos
@@ -30,9 +29,7 @@ from workflows.upkeep import ReapTodos
 HISTORIES = Path(__file__).parent / "histories"
 
 
-async def test_temporal_unreachable_answers_503_and_writes_nothing(
-    tmp_path: Path, database_url: str, sandbox: Any
-) -> None:
+async def test_temporal_unreachable_accepts_into_the_inbox(tmp_path: Path, database_url: str, sandbox: Any) -> None:
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=temporal_cli(),
@@ -44,7 +41,9 @@ async def test_temporal_unreachable_answers_503_and_writes_nothing(
         webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
         await env.shutdown()
         resp = await post_github(stack.http, webhook, issue_payload())
-        assert resp.status_code == 503 and resp.json() == {"error": "routing is unavailable, retry later"}
+        # Accept first: the verified delivery waits in the PostgreSQL inbox for a relay (tests/api/test_inbox.py).
+        assert resp.status_code == 202 and resp.json()["pending"] is True
+        assert stack.sql("SELECT workflow_id FROM delivery_inbox") == [(resp.json()["workflow_id"],)]
         assert stack.sql("SELECT count(*) FROM events")[0][0] == 0
         health = await stack.http.get("/healthz")
         assert health.status_code == 503 and health.json()["temporal"] == "unavailable"
@@ -73,9 +72,15 @@ async def test_worker_killed_mid_delivery_still_ends_with_exactly_one_todo(
             resp = await post_github(stack.http, webhook, issue_payload(), delivery="crash-1")
             assert resp.status_code == 202 and resp.json()["pending"] is True
             workflow_id = resp.json()["workflow_id"]
-            await asyncio.sleep(1.5)  # the worker is now inside the (delayed) commit
+            handle = client.get_workflow_handle(workflow_id)
+
+            async def task_started() -> bool:
+                history = await handle.fetch_history()
+                return any(e.HasField("workflow_task_started_event_attributes") for e in history.events)
+
+            await eventually(task_started)  # the worker now runs the workflow task and its (delayed) commit
+            await eventually(lambda: (tmp_path / "worker-home" / "worker.alive").exists())  # the health signal
             assert stack.sql("SELECT count(*) FROM events")[0][0] == 0
-            assert (tmp_path / "worker-home" / "worker.alive").exists()  # the container health check's signal
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
