@@ -370,8 +370,18 @@ class FaultStack:
 
     def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.pg.url, autocommit=True, connect_timeout=5) as conn:
-            cur = conn.execute(query.encode(), params)  # type: ignore[arg-type]
+            cur = conn.execute(query.encode(), params)
             return cur.fetchall() if cur.description else []
+
+    def count(self, query: str, *params: Any) -> int:
+        """The single number a `SELECT count(*) …` returns."""
+        return int(self.sql(query, *params)[0][0])
+
+    def inbox_depth(self, webhook_id: str) -> int:
+        """Deliveries of the webhook still waiting in the accept-first inbox (0 without one)."""
+        if not self.has_inbox():
+            return 0
+        return self.count("SELECT count(*) FROM delivery_inbox WHERE webhook_id = %s", webhook_id)
 
     def has_inbox(self) -> bool:
         """Whether the accept-first inbox (migration delivery_inbox) is in this code."""
@@ -735,16 +745,8 @@ async def tally(
     while True:
         try:
             seen = await asyncio.to_thread(_events_by_delivery, stack, hook)
-            depth = (
-                (
-                    await asyncio.to_thread(
-                        stack.sql, "SELECT count(*) FROM delivery_inbox WHERE webhook_id = %s", hook.webhook_id
-                    )
-                )[0][0]
-                if inbox
-                else 0
-            )
-        except psycopg.Error:
+            depth = await asyncio.to_thread(stack.inbox_depth, hook.webhook_id)
+        except psycopg.Error:  # PostgreSQL not back yet
             seen, depth = {}, 1
         if (accepted <= seen.keys() and depth == 0) or time.monotonic() > deadline:
             break
@@ -753,25 +755,15 @@ async def tally(
     await asyncio.sleep(2.0)
     seen = await asyncio.to_thread(_events_by_delivery, stack, hook)
     if inbox:
-        out.inbox_left = int(
-            (
-                await asyncio.to_thread(
-                    stack.sql, "SELECT count(*) FROM delivery_inbox WHERE webhook_id = %s", hook.webhook_id
-                )
-            )[0][0]
-        )
-    orphans = (
-        await asyncio.to_thread(
-            stack.sql,
-            "SELECT count(*) FROM todos t WHERE t.endpoint_id = %s AND NOT EXISTS"
-            " (SELECT 1 FROM events e WHERE e.id = t.event_id)",
-            hook.endpoint_id,
-        )
-    )[0][0]
-    out.todos = int(
-        (await asyncio.to_thread(stack.sql, "SELECT count(*) FROM todos WHERE endpoint_id = %s", hook.endpoint_id))[0][
-            0
-        ]
+        out.inbox_left = await asyncio.to_thread(stack.inbox_depth, hook.webhook_id)
+    orphans = await asyncio.to_thread(
+        stack.count,
+        "SELECT count(*) FROM todos t WHERE t.endpoint_id = %s AND NOT EXISTS"
+        " (SELECT 1 FROM events e WHERE e.id = t.event_id)",
+        hook.endpoint_id,
+    )
+    out.todos = await asyncio.to_thread(
+        stack.count, "SELECT count(*) FROM todos WHERE endpoint_id = %s", hook.endpoint_id
     )
     out.events = sum(v[0] for v in seen.values())
 
@@ -803,7 +795,7 @@ async def tally(
         if a.took > LATE_SECONDS:
             out.late += 1
     out.lost = len(accepted - seen.keys())
-    out.doubled = sum(1 for n, _, todos in seen.values() if n > 1 or todos > 1) + int(orphans)
+    out.doubled = sum(1 for n, _, todos in seen.values() if n > 1 or todos > 1) + orphans
     told_failed = {a.delivery for a in answers if a.status != 202} - accepted
     out.stored_unacked = len(told_failed & seen.keys())
     if faults:
@@ -1002,14 +994,13 @@ async def scale_out(stack: FaultStack, counts: Counts) -> Outcome:
     }
     unrung = todo_ids - set(every)
     out.notes.append(f"todos never rung on a client: {len(unrung)}; per API rings {[len(r.todo_ids) for r in rings]}")
-    if unrung and await asyncio.to_thread(stack.has_shared_doorbell):
+    shared = await asyncio.to_thread(stack.has_shared_doorbell)
+    if unrung and shared:
         # Which were claimed by a process (rung_at set) but never reached its client: the killed API's in-flight.
         claimed = await asyncio.to_thread(
-            stack.sql,
-            "SELECT count(*) FROM todos WHERE id = ANY(%s) AND rung_at IS NOT NULL",
-            list(unrung),
+            stack.count, "SELECT count(*) FROM todos WHERE id = ANY(%s) AND rung_at IS NOT NULL", list(unrung)
         )
-        out.notes.append(f"of those, claimed (rung_at set) but not received: {claimed[0][0]}")
+        out.notes.append(f"of those, claimed (rung_at set) but not received: {claimed}")
     out.unrung = len(unrung)
     return out
 
