@@ -7,7 +7,6 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -16,6 +15,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from activities.route import RouteActivities
 from activities.schedules import ScheduleActivities
 from activities.upkeep import UpkeepActivities
+from routing.sandbox import SandboxPool
 from store.crypto import SecretBox
 from store.db import Pool, open_pool
 from store.deliveries import DeliveryStore
@@ -27,7 +27,7 @@ from store.webhooks import WebhookStore
 from switchboard.relay import running_relay
 from switchboard.settings import Settings
 from switchboard.temporal import connect, ensure_schedules
-from workflows.route_delivery import RouteDelivery
+from workflows.route_delivery import RouteDelivery, evaluate_task_queue
 from workflows.schedules import FireSchedule
 from workflows.upkeep import PruneRetention, ReapTodos
 
@@ -36,13 +36,28 @@ log = logging.getLogger("switchboard.worker")
 WORKFLOWS: list[type] = [RouteDelivery, ReapTodos, PruneRetention, FireSchedule]
 
 
-def make_sandbox() -> Any:
-    """The jq sandbox pool shared by every delivery this process routes."""
-    try:
-        from routing.sandbox import SandboxPool
-    except ImportError:  # pragma: no cover - the sandbox ships with routing
-        return None
-    return SandboxPool()
+def make_sandbox(settings: Settings) -> SandboxPool:
+    """The jq sandbox pool of this process's evaluate worker: one child per evaluate slot (plus a spare)."""
+    return SandboxPool(max_children=settings.sandbox_slots)
+
+
+class Workers:
+    """The workers of one process, entered and left together: workflows and upkeep, and rule evaluation."""
+
+    def __init__(self, main: Worker, evaluate: Worker) -> None:
+        self.main = main
+        self.evaluate = evaluate
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> Workers:
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(self.main)
+            await stack.enter_async_context(self.evaluate)
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
 
 
 def build_worker(
@@ -51,22 +66,25 @@ def build_worker(
     settings: Settings,
     *,
     task_queue: str | None = None,
-    sandbox: Any = None,
+    sandbox: SandboxPool | None = None,
     commit_delay: float = 0.0,
-) -> Worker:
-    """Wire workflows and activities for one task queue."""
+) -> Workers:
+    """Wire workflows and activities for one task queue, and the evaluate worker on its evaluate queue."""
     assert settings.secret_key
+    queue = task_queue or settings.task_queue
     box = SecretBox(settings.secret_key)
     route = RouteActivities(WebhookStore(pool, box), DeliveryStore(pool), sandbox, commit_delay=commit_delay)
     upkeep = UpkeepActivities(TodoStore(pool), EventStore(pool))
     schedules = ScheduleActivities(ScheduleStore(pool))
-    return Worker(
+    main = Worker(
         client,
-        task_queue=task_queue or settings.task_queue,
+        task_queue=queue,
         workflows=WORKFLOWS,
         activities=[
-            route.load_grant,
+            # Also here: local-activity evaluation (SWITCHBOARD_EVALUATE_LOCALLY) and evaluations scheduled on
+            # this queue by workflows started before the evaluate queue existed.
             route.evaluate_rules,
+            route.load_grant,
             route.commit_delivery,
             route.commit_faulted,
             upkeep.reap_todos,
@@ -82,23 +100,31 @@ def build_worker(
             restrictions=SandboxRestrictions.default.with_passthrough_all_modules()
         ),
     )
+    # Admission is Temporal's: this worker polls only while a sandbox child is free, so a flood waits in the
+    # evaluate queue (fair across endpoints) rather than on a local semaphore that faults after a second.
+    evaluate = Worker(
+        client,
+        task_queue=evaluate_task_queue(queue),
+        activities=[route.evaluate_rules],
+        max_concurrent_activities=sandbox.slots if sandbox is not None else 1,
+    )
+    return Workers(main, evaluate)
 
 
 @contextlib.asynccontextmanager
-async def running_worker(settings: Settings, *, commit_delay: float = 0.0) -> AsyncIterator[Worker]:
-    """Pools, sandbox, worker and inbox relay for the lifetime of the block."""
+async def running_worker(settings: Settings, *, commit_delay: float = 0.0) -> AsyncIterator[Workers]:
+    """Pools, sandbox, workers and inbox relay for the lifetime of the block."""
     assert settings.database_url
     pool = await open_pool(settings.database_url, max_size=settings.db_pool_max)
-    sandbox = make_sandbox()
+    sandbox = make_sandbox(settings)
     try:
         client = await connect(settings)
         await ensure_schedules(client, settings.task_queue)
-        worker = build_worker(client, pool, settings, sandbox=sandbox, commit_delay=commit_delay)
-        async with worker, running_relay(client, InboxStore(pool), settings):
-            yield worker
+        workers = build_worker(client, pool, settings, sandbox=sandbox, commit_delay=commit_delay)
+        async with workers, running_relay(client, InboxStore(pool), settings):
+            yield workers
     finally:
-        if sandbox is not None:
-            await sandbox.close()
+        await sandbox.close()
         await pool.close()
 
 
@@ -108,7 +134,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
 
     delay = float(os.environ.get("SWITCHBOARD_FAULT_COMMIT_DELAY", "0") or 0)
     async with running_worker(settings, commit_delay=delay):
-        log.info("worker polling task queue %s", settings.task_queue)
+        log.info("worker polling task queues %s and %s", settings.task_queue, evaluate_task_queue(settings.task_queue))
         beat = asyncio.create_task(_liveness(settings.home / LIVENESS_FILE))
         try:
             await (stop or asyncio.Event()).wait()

@@ -6,14 +6,15 @@ import hmac
 from typing import Literal
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from api.deps import Services, services
+from api.verbs.registry import VerbInput
 from store.errors import InvalidArgument, Unauthenticated
 
 
-class AdminInput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class AdminInput(VerbInput):
+    """Admin verb inputs share the agent verbs' input rules (unknown fields, unstorable text)."""
 
 
 class CreateHumanInput(AdminInput):

@@ -7,7 +7,6 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -21,12 +20,18 @@ from api.doorbell import run_doorbell
 from api.errors import install_error_handlers
 from api.mcp import McpSurface
 from api.middleware import AgentAuthMiddleware, BodyLimitMiddleware, RequestLogMiddleware
+from routing.sandbox import SandboxPool
 from store.db import open_pool
 from store.doorbell import DoorbellStore
+from switchboard.logs import install_masking
 from switchboard.settings import Settings
 from switchboard.temporal import connect
 
 log = logging.getLogger("switchboard.api")
+
+# Longer than a delivery's local wait used to be: a dry-run queued behind other callers' backtests (each event
+# at most the 250 ms budget) waits its turn rather than reporting sandbox_busy.
+RULE_TEST_WAIT = 10.0
 
 DESCRIPTION = """Switchboard turns webhook deliveries into durable, explainable work for AI agents.
 
@@ -36,19 +41,22 @@ DESCRIPTION = """Switchboard turns webhook deliveries into durable, explainable 
 """
 
 
-def create_app(settings: Settings, *, temporal: Client | None = None, sandbox: Any = None) -> FastAPI:
-    """Build the app; the lifespan opens the pool and (unless one is given) the Temporal client.
+def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI:
+    """Build the app; the lifespan opens the pool, the rule verbs' sandbox and (unless given) the Temporal client.
 
-    A given sandbox pool (the co-hosted worker's) is shared by the dry-run verbs, so one process never runs
-    more than that pool's children; it stays owned, and closed, by whoever passed it.
+    The dry-run and backtest verbs get a sandbox pool of their own (SWITCHBOARD_RULE_TEST_SLOTS children), so
+    they can never take a slot from a delivery's evaluation, which runs on the evaluate workers.
     """
 
+    # Before anything can log: every record of the process is masked (ingest tokens, credentials, secrets).
+    install_masking([settings.admin_token, settings.secret_key])
     mcp = McpSurface(body_max=settings.agent_body_max)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         assert settings.database_url, "SWITCHBOARD_DATABASE_URL is not set"
         settings.ensure_generated_secrets()
+        install_masking([settings.admin_token, settings.secret_key])  # generated ones, too
         pool = await open_pool(
             settings.database_url, max_size=settings.db_pool_max, pool_timeout=settings.db_pool_timeout
         )
@@ -56,14 +64,14 @@ def create_app(settings: Settings, *, temporal: Client | None = None, sandbox: A
         client = temporal
         if client is None and settings.temporal_address:
             client = await connect(settings, lazy=True)
-        app.state.services = Services.build(settings, pool, client)
+        # Children start on the first dry-run; a verb waits up to RULE_TEST_WAIT for one before sandbox_busy.
+        rule_sandbox = SandboxPool(max_children=settings.rule_test_slots, acquire_timeout=RULE_TEST_WAIT)
+        app.state.services = Services.build(settings, pool, client, rule_sandbox=rule_sandbox)
         # Its own connection, so /healthz answers in bounded time however busy the request pool is.
         health_pool = await open_pool(
             settings.database_url, max_size=1, min_size=1, pool_timeout=settings.health_timeout_seconds
         )
         app.state.services.extras["health_pool"] = health_pool
-        if sandbox is not None:
-            app.state.services.extras["sandbox"] = sandbox
         hub = app.state.services.doorbell
         hub.watchers.append(mcp)  # a revoke closes the endpoint's MCP sessions too
         try:
@@ -74,10 +82,7 @@ def create_app(settings: Settings, *, temporal: Client | None = None, sandbox: A
                 app.state.doorbell = listener
                 yield
         finally:
-            # The rule verbs' sandbox pool (api/verbs/rules.py) is started lazily; its children die with us.
-            own = app.state.services.extras.pop("sandbox", None)
-            if own is not None and own is not sandbox:
-                await own.close()
+            await rule_sandbox.close()
             await health_pool.close()
             await pool.close()
 

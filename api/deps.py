@@ -10,7 +10,8 @@ from temporalio.client import Client
 
 from api.admission import Admission
 from api.doorbell import DoorbellHub
-from api.ratelimit import TokenBuckets
+from api.ratelimit import KeyedLimits, TokenBuckets
+from routing.sandbox import SandboxPool
 from store.crypto import SecretBox
 from store.db import Pool
 from store.identity import IdentityStore
@@ -44,9 +45,15 @@ class Services:
     webhook_admin_limits: TokenBuckets
     extras: dict[str, Any] = field(default_factory=dict)
     doorbell: DoorbellHub = field(default_factory=DoorbellHub)
+    # The dry-run and backtest verbs' own sandbox; deliveries evaluate on the evaluate workers, never here.
+    rule_sandbox: SandboxPool | None = None
+    # One backtest at a time per caller: up to 200 evaluations each, they queue behind their own caller's.
+    backtests: KeyedLimits = field(default_factory=lambda: KeyedLimits(1))
 
     @classmethod
-    def build(cls, settings: Settings, pool: Pool, temporal: Client | None) -> Services:
+    def build(
+        cls, settings: Settings, pool: Pool, temporal: Client | None, *, rule_sandbox: SandboxPool | None = None
+    ) -> Services:
         """Wire stores over one pool."""
         assert settings.secret_key
         box = SecretBox(settings.secret_key)
@@ -67,6 +74,7 @@ class Services:
             webhook_admin_limits=TokenBuckets(
                 settings.webhook_admin_rate_per_second, settings.webhook_admin_rate_burst
             ),
+            rule_sandbox=rule_sandbox,
         )
 
     def limits_for(self, rate_class: RateClass) -> TokenBuckets:

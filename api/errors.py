@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from store.db import UNAVAILABLE_ERRORS
 from store.errors import DomainError
+from switchboard.logs import mask_secrets
 
 log = logging.getLogger("switchboard.api")
 
@@ -64,5 +65,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        # The path may carry an ingest token: masked here, and again by the process-wide record factory.
+        log.exception("unexpected error on %s %s", request.method, mask_secrets(request.url.path))
         return error_response(500, "internal", "internal error")

@@ -17,12 +17,13 @@ from temporalio.client import WorkflowFailureError
 from api.bodies import read_capped
 from api.deps import Services, services
 from api.ratelimit import TokenBuckets, retry_after
-from routing.collectors import collector_config, delivery_kind
+from routing.collectors import BrokenCollectorConfig, delivery_kind, stored_collector_config
 from routing.delivery import CommitResult, DeliveryInput
 from routing.envelope import parse_payload
 from routing.headers import lower_headers, sanitize_headers
 from routing.models import RESERVED_SOURCES, ingest_wait_seconds
-from routing.signatures import MissingSecret, delivery_id, verify
+from routing.signatures import SOURCE_TYPES, MissingSecret, delivery_id, verify
+from routing.text import MAX_HEADER_VALUE_CHARS, clean_optional
 from store.db import UNAVAILABLE_ERRORS
 from store.inbox import InboxReason
 from store.models import IngestWebhook
@@ -95,12 +96,25 @@ async def ingest(ingest_token: str, request: Request) -> JSONResponse:
         return _error(503, "storage is unavailable, retry later")
     if webhook is None or webhook.source_type in RESERVED_SOURCES:
         return gate.refuse(404, "unknown webhook")
+    if webhook.source_type not in SOURCE_TYPES:
+        # A stored source type this build does not know how to verify: refuse, never accept unverified.
+        log.error("webhook source type is unknown", extra={"webhook_id": webhook.id})
+        return _error(503, "webhook configuration is unreadable; nothing was accepted")
 
     raw_headers = list(request.headers.items())
     headers = lower_headers(raw_headers)
-    collector = collector_config(webhook.config) if webhook.source_type == "generic" else None
+    try:
+        # Fail closed: a stored collector configuration that does not parse may have required an HMAC.
+        collector = stored_collector_config(webhook.config) if webhook.source_type == "generic" else None
+    except BrokenCollectorConfig:
+        log.error("webhook collector configuration does not parse", extra={"webhook_id": webhook.id})
+        return _error(503, "webhook configuration is unreadable; nothing was accepted")
     generic_hmac = collector.hmac.scheme() if collector is not None and collector.hmac is not None else None
     secret = webhook.collector_secret if generic_hmac is not None else webhook.secret
+    unreadable = webhook.collector_secret_unreadable if generic_hmac is not None else webhook.secret_unreadable
+    if unreadable:
+        log.error("webhook secret does not decrypt", extra={"webhook_id": webhook.id})
+        return _error(503, "webhook is not ready to verify deliveries")
     try:
         verification = verify(
             webhook.source_type,
@@ -133,12 +147,13 @@ async def ingest(ingest_token: str, request: Request) -> JSONResponse:
         trust_mode=webhook.trust_mode,
         verified=verification.verified,
         verify_detail=verification.detail,
-        content_type=request.headers.get("content-type"),
+        content_type=clean_optional(request.headers.get("content-type"), MAX_HEADER_VALUE_CHARS),
         headers=sanitize_headers(raw_headers),
         body_b64=base64.b64encode(body).decode(),
         source_ip=client_ip,
         received_at=datetime.now(UTC).isoformat(),
         evaluate_locally=settings.evaluate_locally,
+        evaluate_queue_seconds=settings.evaluate_queue_seconds,
     )
     return await start_and_wait(request, delivery, rate=webhook_rate(webhook, settings))
 

@@ -40,6 +40,7 @@ from api.middleware import send_json
 from api.ratelimit import retry_after
 from api.verbs import REGISTRY
 from api.verbs.registry import Context
+from routing.text import clean_text
 from store.errors import DomainError
 from store.models import Caller
 
@@ -157,7 +158,7 @@ class McpSurface:
             return _error(exc.code, exc.message)
         verb = REGISTRY.get(params.name)
         if verb is None:
-            return _error("not_found", f"unknown tool {params.name[:100]}")
+            return _error("not_found", f"unknown tool {clean_text(params.name[:100])}")
         if verb.name not in caller.scope_verbs:
             return _error("forbidden", f"verb {verb.name} is not in this endpoint's allowlist")
         svc = _services(ctx)

@@ -18,6 +18,7 @@ from api.ratelimit import retry_after
 from api.verbs import REGISTRY
 from store.db import UNAVAILABLE_ERRORS
 from store.errors import Unauthenticated
+from switchboard.logs import mask_secrets
 
 log = logging.getLogger("switchboard.http")
 
@@ -82,7 +83,7 @@ class RequestLogMiddleware:
             await self.app(scope, receive, wrapped)
         finally:
             # Paths carry ingest tokens: log only the route family, never the token itself.
-            shown = "/webhooks/w/«token»" if path.startswith("/webhooks/w/") else path
+            shown = mask_secrets(path)
             log.info(
                 "request",
                 extra={

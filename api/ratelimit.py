@@ -1,4 +1,4 @@
-"""Token buckets keyed by client address or endpoint id; in-process, so limits apply per API process.
+"""Token buckets and concurrency limits keyed by client address or endpoint id; in-process, so limits apply per API process.
 
 The bucket map is a bounded LRU: when it is full, the least recently touched bucket is forgotten (never all of
 them at once). A bucket untouched for `burst / rate` seconds has refilled anyway, so forgetting it loses
@@ -8,9 +8,12 @@ the one reset is the stalest.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 
 
 class TokenBuckets:
@@ -69,3 +72,26 @@ class TokenBuckets:
 def retry_after(wait: float) -> str:
     """A Retry-After header value in whole seconds (at least 1)."""
     return str(max(1, math.ceil(wait)))
+
+
+class KeyedLimits:
+    """At most ``limit`` concurrent holders per key; later ones wait their turn. Idle keys are forgotten."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held: dict[str, tuple[asyncio.Semaphore, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        """Hold one of the key's places for the block, waiting for one when all are taken."""
+        semaphore, users = self._held.get(key) or (asyncio.Semaphore(self.limit), 0)
+        self._held[key] = (semaphore, users + 1)
+        try:
+            async with semaphore:
+                yield
+        finally:
+            semaphore, users = self._held[key]
+            if users == 1:
+                del self._held[key]
+            else:
+                self._held[key] = (semaphore, users - 1)

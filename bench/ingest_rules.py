@@ -6,6 +6,11 @@ child), the other has 32 rules evaluated in the sandbox, first-match-wins, match
 alternate so drift in the shared dev server hits both alike.
 
     python bench/ingest_rules.py [--deliveries 600] [--rounds 4] [--concurrency 8]
+    python bench/ingest_rules.py --flood [--deliveries 40]
+
+--flood measures fairness instead: endpoint B's p50 with one sender (32 realistic rules, match on the last)
+alone, then while endpoint A floods its own webhook with 32 slow rules from 16 senders; it also counts B's
+deliveries that did not follow B's rule (target 0).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import argparse
 import asyncio
 import json
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +28,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._stack import dev_stack, drive, percentile, post_signed_issue
+from routing.signatures import sign_github
 
 
 def issue_body(i: int) -> bytes:
@@ -156,6 +163,111 @@ async def run_all(base: str, credential: str, args: argparse.Namespace) -> dict[
     return {"lat": results, "elapsed": elapsed, "body_size": body_size}
 
 
+SLOW = "[range(40000)] | length < 0"  # about 30 ms of libjq work: every flooding delivery spends its budget
+
+
+async def flood_figures(base: str, cred_a: str, cred_b: str, args: argparse.Namespace) -> dict[str, Any]:
+    """B's latency and outcomes alone and under A's flood (16 senders, 32 slow rules)."""
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=64)) as http:
+
+        async def traces(cred: str, webhook_id: str) -> list[dict[str, Any]]:
+            """Every routing trace of one webhook, through list_webhook_events."""
+            out: list[dict[str, Any]] = []
+            cursor = None
+            while True:
+                page = (
+                    await http.post(
+                        f"{base}/v1/list_webhook_events",
+                        json={"webhook_id": webhook_id, "limit": 200, "cursor": cursor},
+                        headers={"Authorization": f"Bearer {cred}"},
+                    )
+                ).json()
+                out.extend(e["routing"] for e in page["events"])
+                if not (cursor := page.get("next_cursor")):
+                    return out
+
+        async def webhook(cred: str, rules: list[dict[str, Any]]) -> tuple[str, bytes, str]:
+            auth = {"Authorization": f"Bearer {cred}"}
+            made = (
+                await http.post(
+                    f"{base}/v1/create_webhook", json={"source_type": "github", "target_queue": "work"}, headers=auth
+                )
+            ).json()
+            resp = await http.post(
+                f"{base}/v1/set_webhook_rules",
+                json={"webhook_id": made["webhook_id"], "rules": rules, "params": {"blocked": ["mallory"]}},
+                headers=auth,
+            )
+            assert resp.status_code == 200, resp.text
+            url = made["ingest_url"].replace("localhost", "127.0.0.1")
+            return url, made["secret"].encode(), made["webhook_id"]
+
+        a_url, a_secret, a_id = await webhook(cred_a, [{"expr": SLOW, "action": {"drop": True}} for _ in range(32)])
+        b_url, b_secret, b_id = await webhook(cred_b, rules_32())
+        counter = iter(range(10**9))
+
+        pending = {"n": 0}
+
+        async def post(url: str, secret: bytes) -> dict[str, Any]:
+            body = issue_body(next(counter) + 1)
+            headers = {"X-GitHub-Event": "issues", "X-GitHub-Delivery": uuid.uuid4().hex}
+            headers.update(sign_github(secret, body))
+            resp = await http.post(url, content=body, headers={**headers, "Content-Type": "application/json"})
+            assert resp.status_code == 202, resp.text
+            answer: dict[str, Any] = resp.json()
+            return answer
+
+        async def b_one(_: int) -> None:
+            # A delivery still routing after the ingest wait (10 s) answers pending; its latency is then 10 s.
+            pending["n"] += bool((await post(b_url, b_secret)).get("pending"))
+
+        await drive(5, 1, b_one)  # warm the children with B's list
+        _, alone = await drive(args.deliveries, 1, b_one)
+        stop = asyncio.Event()
+
+        async def a_sender() -> None:
+            # A's own deliveries may outwait the ingest wait and answer 202 pending: they queue, never fault.
+            while not stop.is_set():
+                await post(a_url, a_secret)
+
+        senders = [asyncio.create_task(a_sender()) for _ in range(16)]
+        await asyncio.sleep(2)  # let A's backlog build
+        _, flooded = await drive(args.deliveries, 1, b_one)
+        stop.set()
+        await asyncio.gather(*senders)
+        b_pending = pending["n"]
+        # Pending deliveries are still routing: poll until all of them are events.
+        while len(b_traces := await traces(cred_b, b_id)) < 2 * args.deliveries + 5:  # noqa: ASYNC110
+            await asyncio.sleep(1)
+        a_traces = await traces(cred_a, a_id)
+        return {
+            "alone": alone,
+            "flooded": flooded,
+            "b_total": len(b_traces),
+            "b_pending": b_pending,
+            "b_off_rule": sum(t.get("rule_id") != "issues" or bool(t.get("faults")) for t in b_traces),
+            "a_total": len(a_traces),
+            "busy": sum(f["cause"] == "sandbox_busy" for t in b_traces + a_traces for f in t.get("faults", [])),
+        }
+
+
+def main_flood(args: argparse.Namespace) -> None:
+    """Print B's p50/p99 alone and under A's flood, and how many of B's deliveries missed B's rule."""
+    verbs = ["create_webhook", "set_webhook_rules", "list_webhook_events"]
+    with dev_stack() as stack:
+        cred_a = str(stack.vend(["work"], verbs)["credential"])
+        cred_b = str(stack.vend(["work"], verbs)["credential"])
+        res = asyncio.run(flood_figures(stack.base, cred_a, cred_b, args))
+    print(f"\nfairness: endpoint B, one sender, {args.deliveries} deliveries per phase, 32 rules (match on the last)")
+    print(f"{'phase':<44} {'p50 ms':>8} {'p99 ms':>8}")
+    for name, label in (("alone", "B alone"), ("flooded", "B while A floods (16 senders, 32 slow rules)")):
+        print(f"{label:<44} {percentile(res[name], 0.5):>8.1f} {percentile(res[name], 0.99):>8.1f}")
+    print(f"A's flood: {res['a_total']} deliveries")
+    print(f"B deliveries answered pending (still routing after the 10 s ingest wait): {res['b_pending']}")
+    print(f"B deliveries not decided by B's matching rule: {res['b_off_rule']} of {res['b_total']}   (target 0)")
+    print(f"sandbox_busy faults on any delivery of A or B: {res['busy']}   (target 0)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deliveries", type=int, default=600, help="per path, split over the rounds")
@@ -167,7 +279,12 @@ def main() -> None:
         action="store_true",
         help="run rule evaluation as a local activity (SWITCHBOARD_EVALUATE_LOCALLY) instead of a heartbeating one",
     )
+    parser.add_argument("--flood", action="store_true", help="measure endpoint B's latency under endpoint A's flood")
     args = parser.parse_args()
+    if args.flood:
+        args.deliveries = min(args.deliveries, 40) if args.deliveries == 600 else args.deliveries
+        main_flood(args)
+        return
     extra = {"SWITCHBOARD_EVALUATE_LOCALLY": "true"} if args.evaluate_locally else {}
     with dev_stack(extra) as stack:
         endpoint = stack.vend(["work"], ["create_webhook", "set_webhook_rules", "test_webhook_rules"])

@@ -14,9 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from routing.envelope import derive_kind
 from routing.signatures import GenericHmac
+from routing.text import MAX_KIND_CHARS, MAX_SUBJECT_CHARS, cap_text, clean_text
 
-MAX_KIND_CHARS = 256
-MAX_SUBJECT_CHARS = 256
 MAX_PATH_SEGMENTS = 16
 CLOUDEVENTS_STRUCTURED = "application/cloudevents+json"
 
@@ -61,7 +60,8 @@ def _scalar_text(value: Any, limit: int) -> str | None:
     text = str(value) if isinstance(value, int) else value
     if not isinstance(text, str):
         return None
-    text = text.strip()
+    # NUL or a lone surrogate would make the value unstorable: U+FFFD stands in (routing.text).
+    text = clean_text(text.strip())
     if not text or len(text) > limit:
         return None
     return text
@@ -127,16 +127,36 @@ class CollectorConfig(BaseModel):
         return value
 
 
-def collector_config(config: Mapping[str, Any] | None) -> CollectorConfig:
-    """The collector configuration stored on a webhook; an absent or unreadable one means none."""
+class BrokenCollectorConfig(ValueError):
+    """A stored collector configuration that no longer parses; the receiver answers 503 and accepts nothing."""
+
+
+def stored_collector_config(config: Mapping[str, Any] | None) -> CollectorConfig:
+    """The collector configuration stored on a webhook (absent means none); BrokenCollectorConfig when unreadable.
+
+    Fail closed: an unreadable configuration may have held an HMAC requirement, so it must never be read as
+    "no collector", which would accept deliveries unverified.
+    """
     raw = (config or {}).get("collector")
-    if not isinstance(raw, dict):
+    if raw is None:
         return CollectorConfig()
+    if not isinstance(raw, dict):
+        raise BrokenCollectorConfig("collector configuration is not an object")
     try:
         return CollectorConfig.model_validate(raw)
-    except ValueError:
-        # Stored rows are written only through configure_webhook; a row that no longer parses is treated
-        # as unconfigured rather than failing every delivery.
+    except ValueError as exc:
+        raise BrokenCollectorConfig("collector configuration does not parse") from exc
+
+
+def collector_config(config: Mapping[str, Any] | None) -> CollectorConfig:
+    """The collector configuration for deriving kind and subject; an unreadable one derives nothing.
+
+    Only the receiver decides whether a delivery is accepted, and it reads stored_collector_config first, so
+    no delivery reaches a caller of this function under a configuration that does not parse.
+    """
+    try:
+        return stored_collector_config(config)
+    except BrokenCollectorConfig:
         return CollectorConfig()
 
 
@@ -205,7 +225,8 @@ def delivery_kind(
     kind = derive_kind(source, headers, payload)
     if source == "generic":
         kind = derive_generic_kind(collector_config(config), headers, payload, forge_kind=kind)
-    return kind
+    # Capped here too: a fixed kind or a default is stored configuration, but every .kind gets one rule.
+    return None if kind is None else cap_text(kind, MAX_KIND_CHARS)
 
 
 def path_subject(envelope: Mapping[str, Any] | None, path: str | None, webhook_id: str) -> str | None:

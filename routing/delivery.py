@@ -30,6 +30,9 @@ class DeliveryInput(BaseModel):
     # Run rule evaluation as a local activity (no extra workflow task; a dead worker is then noticed by the
     # workflow task timeout rather than a heartbeat timeout). Decided by the receiver, recorded in history.
     evaluate_locally: bool = False
+    # How long the evaluation may wait in Temporal for a free evaluate worker slot before it faults as
+    # sandbox_busy (SWITCHBOARD_EVALUATE_QUEUE_SECONDS); a flood queues within this bound instead of faulting.
+    evaluate_queue_seconds: float = 120.0
 
     def body(self) -> bytes:
         """The raw body, exactly as received."""

@@ -8,6 +8,15 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from routing.text import (
+    MAX_KIND_CHARS,
+    MAX_SUBJECT_CHARS,
+    cap_text,
+    clean_json,
+    may_hold_surrogate,
+    replace_lone_surrogates,
+)
+
 KIND_HEADERS = ("x-github-event", "x-gitea-event", "x-cairn-event")
 FORGE_SOURCES = ("gitea", "github", "generic")
 CAIRN_HANDLE_PREFIX = "mcp://cairn/"
@@ -71,14 +80,27 @@ def _reject_constant(text: str) -> Any:
     raise _NotJSON(text)
 
 
-def parse_payload(body: bytes) -> Any:
-    """The body as exactly one JSON value, or None."""
+def parse_payload_checked(body: bytes) -> tuple[Any, bool]:
+    """The body as exactly one JSON value (or None), and whether a lone surrogate in it was replaced.
+
+    The rule for .payload (README "Routing rules"): each lone surrogate escape (``"\\ud800"``) in a string
+    or key becomes U+FFFD, so rules still route on every other field and the envelope stays encodable as
+    UTF-8; NUL stays as sent. The raw body is what the event keeps; the todo's jsonb copy is then null.
+    """
     try:
         # Decode as UTF-8 ourselves: json.loads(bytes) would also sniff UTF-16/32, which no producer sends.
         text = body.decode("utf-8")
-        return json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_reject_constant)
+        value = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
+        return None, False
+    if may_hold_surrogate(body):
+        return replace_lone_surrogates(value)
+    return value, False
+
+
+def parse_payload(body: bytes) -> Any:
+    """The body as exactly one JSON value, or None; lone surrogates replaced (parse_payload_checked)."""
+    return parse_payload_checked(body)[0]
 
 
 def derive_kind(source: str, headers: Mapping[str, str], payload: Any) -> str | None:
@@ -86,12 +108,12 @@ def derive_kind(source: str, headers: Mapping[str, str], payload: Any) -> str | 
     if source == "cairn":
         # The signed body wins: the X-Cairn-Event header is unsigned and must not change a verified kind.
         if isinstance(payload, dict) and isinstance(payload.get("kind"), str) and payload["kind"]:
-            return str(payload["kind"])
+            return cap_text(payload["kind"], MAX_KIND_CHARS)
         return None
     for name in KIND_HEADERS:
         value = headers.get(name)
         if value:
-            return value
+            return cap_text(value, MAX_KIND_CHARS)
     return None
 
 
@@ -127,7 +149,9 @@ def build_artifact(payload: Any) -> dict[str, Any]:
         out["tags"] = None
     artifact_id = data.get("id")
     out["handle"] = CAIRN_HANDLE_PREFIX + artifact_id if isinstance(artifact_id, str) and artifact_id else None
-    return out
+    # Projections feed work orders and subject keys (jsonb and text columns): no NUL may reach them.
+    cleaned: dict[str, Any] = clean_json(out)
+    return cleaned
 
 
 def build_issue(source: str, headers: Mapping[str, str], payload: Any) -> dict[str, Any] | None:
@@ -169,7 +193,11 @@ def build_issue(source: str, headers: Mapping[str, str], payload: Any) -> dict[s
     if action in CHANGED_LABEL_ACTIONS and isinstance(changed, dict):
         label = _str_or_none(changed.get("name"))
     body = issue.get("body")
-    return {
+    key = f"{provider}:{repo}#{number}" if repo else None
+    if key is not None and len(key) > MAX_SUBJECT_CHARS:
+        # No real repository name is this long; a key cut short could merge two issues, so there is none.
+        key = None
+    projection: dict[str, Any] = {
         "provider": provider,
         "action": action,
         "event_type": headers.get("x-gitea-event-type") or "issues",
@@ -184,8 +212,11 @@ def build_issue(source: str, headers: Mapping[str, str], payload: Any) -> dict[s
         "label": label,
         "body_size": len(body.encode("utf-8")) if isinstance(body, str) else 0,
         "label_event": action in LABEL_ACTIONS,
-        "key": f"{provider}:{repo}#{number}" if repo else None,
+        "key": key,
     }
+    # Projections feed work orders and subject keys (jsonb and text columns): no NUL may reach them.
+    cleaned: dict[str, Any] = clean_json(projection)
+    return cleaned
 
 
 def build_envelope(
@@ -239,7 +270,7 @@ def subject_key(envelope: Mapping[str, Any] | None) -> str | None:
     artifact = _as_dict(envelope.get("artifact"))
     if artifact is not None and envelope.get("source") == "cairn":
         artifact_id = artifact.get("id")
-        if isinstance(artifact_id, str) and artifact_id:
+        if isinstance(artifact_id, str) and artifact_id and len(artifact_id) <= MAX_SUBJECT_CHARS:
             return "cairn:" + artifact_id
     return None
 

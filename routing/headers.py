@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from routing.text import MAX_HEADER_NAME_CHARS, MAX_HEADER_VALUE_CHARS, MAX_HEADERS_TOTAL_CHARS, cap_text
+
 REDACTED = "«redacted»"
 
 # Named explicitly even though the substring rule below also catches most of them, so that a future
@@ -68,8 +70,20 @@ def lower_headers(items: Iterable[tuple[str, str]]) -> dict[str, str]:
 
 
 def sanitize_headers(items: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """Lower-cased, joined headers with credentials redacted: the only form that may be persisted."""
+    """Lower-cased, joined headers with credentials redacted, cleaned and capped: the only form that may be persisted.
+
+    Each name is capped at 256 characters and each value at 8 KiB (routing.text, "…" marks a cut); once the
+    names and values reach 64 KiB in total, the remaining headers are left out, in arrival order.
+    """
     out: dict[str, str] = {}
-    for name, value in _joined(items).items():
-        out[name] = REDACTED if is_sensitive_header(name) else redact_query_secrets(value)
+    budget = MAX_HEADERS_TOTAL_CHARS
+    for raw_name, raw_value in _joined(items).items():
+        # Redaction decides on the full name: a cut name must never shed the word that makes it sensitive.
+        value = REDACTED if is_sensitive_header(raw_name) else redact_query_secrets(raw_value)
+        name = cap_text(raw_name, MAX_HEADER_NAME_CHARS)
+        value = cap_text(value, MAX_HEADER_VALUE_CHARS)
+        budget -= len(name) + len(value)
+        if budget < 0:
+            break
+        out[name] = value
     return out

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+from routing.text import MAX_DETAIL_CHARS, clean_optional
 
 TRUST_BY_SOURCE: dict[str, str] = {
     "github": "signed",
@@ -71,6 +73,12 @@ class Fault(BaseModel):
     rule_id: str | None = None
     cause: Literal["error", "timeout", "compile_error", "budget_exhausted", "sandbox_busy", "sandbox_failure"]
     detail: str | None = None
+
+    @field_validator("rule_id", "detail")
+    @classmethod
+    def _storable(cls, value: str | None) -> str | None:
+        # A jq error message may quote the payload (NUL and all); the trace is a jsonb column (routing.text).
+        return clean_optional(value, MAX_DETAIL_CHARS)
 
 
 class Evaluation(BaseModel):

@@ -17,6 +17,14 @@ Protocol: one request line in, reply lines out; every reply line starts with ``S
   match. Only indexes, causes and short fault details ever leave the child.
 * progress: before each rule the child writes its index and start time into a shared memory slot
   (fd in argv), so the parent can time the running rule without a pipe write and wake-up per rule.
+  While the list compiles (COMPILING) or the event is parsed (PARSING) only the hard deadline applies:
+  the per-rule and per-event clocks measure rule evaluation, never the producer-sized parse.
+
+The envelope arrives as compact UTF-8 JSON; libjq parses it once per request (again only after an error
+no rule's try/catch could hold), before the first rule's clock starts. At start-up, before reading any
+request, the child closes every inherited descriptor but 0/1/2, caps descriptors and processes, sets
+no_new_privs and installs a seccomp filter refusing fork, vfork, clone (without CLONE_THREAD), clone3,
+execve and execveat, so a libjq bug reached by a hostile rule still cannot start a program.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import struct
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -49,9 +57,13 @@ else:
 
 PREFIX: Final = b"SBX1 "
 # Shared progress slot, written before each rule: request seq, the running rule's index (COMPILING while
-# the rule list compiles), when that rule started and when the first rule started (CLOCK_MONOTONIC ns).
+# the rule list compiles, PARSING while libjq parses the event), when that rule started, and when the rules'
+# clock started, moved on by every parse so that now minus it is time spent in rules (CLOCK_MONOTONIC ns).
 PROGRESS: Final = struct.Struct("<qqqq")
 COMPILING: Final = -1
+PARSING: Final = -2
+# The combined program's first output, emitted once libjq has parsed the input and before any rule runs.
+PARSED: Final = "parsed"
 
 Outcome = Literal["match", "nomatch", "error", "compile_error"]
 
@@ -88,7 +100,8 @@ def _segment(position: int, expr: str) -> str:
     return (
         f"(if $__sbx_start > {position} then empty else"
         f" try ([first((\n{expr}\n)) | (. != null and . != false)]"
-        f' | if . == [true] then [{position}, "match"] else [{position}, "nomatch"] end)'
+        # .[0:1]: libjq's ?// can emit first()'s one value twice; the rule's first output is what decides.
+        f' | .[0:1] | if . == [true] then [{position}, "match"] else [{position}, "nomatch"] end)'
         f' catch [{position}, "error", (if type == "string" then . else tojson end)] end)'
     )
 
@@ -101,7 +114,8 @@ def _combined(exprs: list[tuple[int, str]]) -> str:
     compiling anything new.
     """
     body = ",\n".join(_segment(position, expr) for position, expr in exprs)
-    return f".[0] as $params | .[2] as $__sbx_start | .[1] | (\n{body}\n)"
+    # libjq parses the input before the program starts, so the PARSED output marks the end of the parse.
+    return f'"{PARSED}", (.[0] as $params | .[2] as $__sbx_start | .[1] | (\n{body}\n))'
 
 
 def input_text(params: dict[str, Any] | None, envelope_json: str) -> str:
@@ -172,17 +186,42 @@ class RuleEngine:
         return error
 
     def evaluate(
-        self, plan: _Plan, exprs: list[object], text: str, start: int = 0
+        self,
+        plan: _Plan,
+        exprs: list[object],
+        text: str,
+        start: int = 0,
+        *,
+        parsing: Callable[[int], None] | None = None,
+        parsed: Callable[[int], None] | None = None,
     ) -> Iterator[tuple[int, Outcome, str | None]]:
         """Lazily yield ``(position, outcome, detail)`` per rule from ``start``, stopping after a match.
 
         ``text`` is the ``[params, envelope]`` input. Each rule runs only when the next result is
-        pulled, so a caller can time (or be killed during) exactly one rule at a time.
+        pulled, so a caller can time (or be killed during) exactly one rule at a time. ``parsing(position)``
+        is called before libjq parses the input and ``parsed(position)`` once it has, before rule
+        ``position`` runs: the parse belongs to no rule, so callers stop their rule clocks in between.
         """
         position = start
         while position < len(exprs):
+            if plan.program is not None and parsing is not None:
+                parsing(position)
             program_input = text[:-1] + "," + str(position) + "]"
             results = iter(plan.program.input_text(program_input)) if plan.program is not None else iter(())
+            if plan.program is not None:
+                failure: str | None = None
+                try:
+                    if next(results) != PARSED:
+                        failure = "unexpected rule output"
+                except Exception as exc:  # the input itself did not parse: charged to no rule's clock
+                    failure = short_detail(str(exc))
+                if parsed is not None:
+                    parsed(position)
+                if failure is not None:
+                    # Cannot happen with the parent's encoder; if it does, each rule faults (no silent match).
+                    yield position, "error", failure
+                    position += 1
+                    continue
             while position < len(exprs):
                 if position in plan.compile_errors:
                     yield position, "compile_error", plan.compile_errors[position]
@@ -217,17 +256,112 @@ def _write(data: bytes) -> None:
         data = data[os.write(1, data) :]
 
 
+# Linux ABI numbers for the start-up hardening (linux/prctl.h, linux/seccomp.h, linux/audit.h, linux/filter.h).
+_PR_SET_NO_NEW_PRIVS: Final = 38
+_PR_SET_SECCOMP: Final = 22
+_SECCOMP_MODE_FILTER: Final = 2
+_SECCOMP_RET_ALLOW: Final = 0x7FFF0000
+_SECCOMP_RET_ERRNO: Final = 0x00050000
+_EPERM: Final = 1
+_ENOSYS: Final = 38
+_CLONE_THREAD: Final = 0x00010000
+_X32_SYSCALL_BIT: Final = 0x40000000
+# Per architecture: the audit arch, syscalls refused outright, clone, clone3.
+_SYSCALLS: Final = {
+    "x86_64": (0xC000003E, (57, 58, 59, 322), 56, 435),  # fork, vfork, execve, execveat
+    "aarch64": (0xC00000B7, (221, 281), 220, 435),  # execve, execveat (no fork/vfork syscalls)
+}
+FD_LIMIT: Final = 8  # stdin, stdout, stderr and a few transient ones (a lazy import, /etc/localtime)
+
+
+def seccomp_program(machine: str) -> list[tuple[int, int, int, int]] | None:
+    """The BPF filter (code, jt, jf, k) refusing new processes on ``machine``, or None if unsupported.
+
+    A syscall from another ABI (i386 or x32 on x86_64) is refused whatever its number, since the numbers
+    checked here are the native ones. clone3 answers ENOSYS, not EPERM: its flags sit in memory a filter
+    cannot read, and ENOSYS makes libc fall back to clone, whose flags the filter does check.
+    """
+    if machine not in _SYSCALLS:
+        return None
+    arch, refused, clone, clone3 = _SYSCALLS[machine]
+    ld_abs, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    deny_all = (ret, 0, 0, _SECCOMP_RET_ERRNO | _EPERM)
+    body: list[tuple[int, int, int, int] | tuple[int, str, str, int]] = [
+        (ld_abs, 0, 0, 4),  # seccomp_data.arch
+        (jeq, "next", "deny", arch),
+        (ld_abs, 0, 0, 0),  # seccomp_data.nr
+    ]
+    if machine == "x86_64":
+        body.append((jge, "deny", "next", _X32_SYSCALL_BIT))
+    body += [(jeq, "deny", "next", nr) for nr in refused]
+    body += [
+        (jeq, "enosys", "next", clone3),
+        (jeq, "next", "allow", clone),
+        (ld_abs, 0, 0, 16),  # low 32 bits of args[0], clone's flags (little-endian)
+        (jset, "allow", "deny", _CLONE_THREAD),
+    ]
+    labels = {"allow": len(body), "deny": len(body) + 1, "enosys": len(body) + 2}
+    program: list[tuple[int, int, int, int]] = []
+    for at, (code, jt, jf, k) in enumerate(body):
+        targets = [t if isinstance(t, int) else (0 if t == "next" else labels[t] - at - 1) for t in (jt, jf)]
+        program.append((code, targets[0], targets[1], k))
+    return [*program, (ret, 0, 0, _SECCOMP_RET_ALLOW), deny_all, (ret, 0, 0, _SECCOMP_RET_ERRNO | _ENOSYS)]
+
+
+def harden() -> None:
+    """Close inherited descriptors, cap descriptors and processes, and forbid starting any program.
+
+    Best effort beyond the rlimits: a kernel without seccomp, or another architecture, still gets
+    no_new_privs and the caps. The parent's test suite reads /proc to check that all of it applied.
+    """
+    import resource
+
+    os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an abort must not spend time writing a core
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))  # ignored for root, hence the seccomp filter
+    try:
+        import ctypes
+        import platform
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return
+        program = seccomp_program(platform.machine())
+        if program is None:
+            return
+
+        class SockFilter(ctypes.Structure):
+            _fields_ = [
+                ("code", ctypes.c_uint16),
+                ("jt", ctypes.c_uint8),
+                ("jf", ctypes.c_uint8),
+                ("k", ctypes.c_uint32),
+            ]
+
+        class SockFprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(SockFilter))]
+
+        filters = (SockFilter * len(program))(*(SockFilter(*insn) for insn in program))
+        fprog = SockFprog(len(program), filters)
+        libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)
+    except (ImportError, OSError, AttributeError):
+        return
+
+
 def serve(memory_limit: int, hard_deadline: float, progress_fd: int) -> None:
     """Answer requests on stdin until EOF; libjq runs with the address space capped."""
     import mmap
     import resource
     import signal
 
+    # The mapping outlives its descriptor (and the duplicate mmap keeps, closed by harden(): this object is
+    # never resized or closed, so that descriptor is never used again).
     progress = mmap.mmap(progress_fd, PROGRESS.size)
     os.close(progress_fd)
+    harden()
     engine = RuleEngine()
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an abort must not spend time writing a core
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
     if memory_limit > 0:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
     stdin = sys.stdin.buffer
@@ -251,18 +385,45 @@ def serve(memory_limit: int, hard_deadline: float, progress_fd: int) -> None:
         signal.setitimer(signal.ITIMER_REAL, hard_deadline)
         PROGRESS.pack_into(progress, 0, seq, COMPILING, 0, 0)
         plan = engine.prepare(exprs)
-        began = time.monotonic_ns()
-        PROGRESS.pack_into(progress, 0, seq, base + start, began, began)
+        clock = _RulesClock(progress, seq, base)
         matched: int | None = None
-        for position, outcome, detail in engine.evaluate(plan, exprs, text, start):
+        for position, outcome, detail in engine.evaluate(
+            plan, exprs, text, start, parsing=clock.parsing, parsed=clock.parsed
+        ):
             if outcome == "match":
                 matched = base + position
                 break
             if outcome != "nomatch":
                 _write(_reply(seq, "r", base + position, outcome, detail))
-            PROGRESS.pack_into(progress, 0, seq, base + position + 1, time.monotonic_ns(), began)
+            clock.rule_started(position + 1)
         _write(_reply(seq, "end", matched))
         signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+class _RulesClock:
+    """Writes the progress slot for one request, keeping parses out of the rules' clock."""
+
+    def __init__(self, progress: Any, seq: int, base: int) -> None:
+        self._progress = progress
+        self._seq = seq
+        self._base = base
+        self._began = time.monotonic_ns()  # the list is compiled: the rules' clock starts here
+        self._paused_at = self._began
+
+    def parsing(self, position: int) -> None:
+        """libjq starts parsing the event: no rule is running, only the hard deadline applies."""
+        self._paused_at = time.monotonic_ns()
+        PROGRESS.pack_into(self._progress, 0, self._seq, PARSING, 0, 0)
+
+    def parsed(self, position: int) -> None:
+        """The parse is over; the rules' clock resumes without it and rule ``position`` starts."""
+        now = time.monotonic_ns()
+        self._began += now - self._paused_at
+        PROGRESS.pack_into(self._progress, 0, self._seq, self._base + position, now, self._began)
+
+    def rule_started(self, position: int) -> None:
+        """Rule ``position`` (of this request) starts now."""
+        PROGRESS.pack_into(self._progress, 0, self._seq, self._base + position, time.monotonic_ns(), self._began)
 
 
 if __name__ == "__main__":

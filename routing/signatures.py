@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from routing.text import MAX_DELIVERY_ID_BYTES, clean_text
+
 SIGNED_SOURCES: frozenset[str] = frozenset({"github", "gitea", "stripe", "slack", "cairn"})
 SOURCE_TYPES: frozenset[str] = SIGNED_SOURCES | {"generic"}
 
 REPLAY_WINDOW_S = 300
-MAX_DELIVERY_ID_BYTES = 256
 
 _HEX64 = re.compile(r"[0-9A-Fa-f]{64}")
 _UNIX_TS = re.compile(r"[0-9]{1,12}")
@@ -218,7 +219,10 @@ def _verify_cairn(secret: bytes, headers: Mapping[str, str], body: bytes, now: f
         return _fail("timestamp_out_of_window")
     # The header is unsigned: a mismatch means someone is trying to steer dedup, so refuse outright.
     header_id = headers.get("x-cairn-event-id")
-    if header_id is not None and not hmac.compare_digest(header_id.strip().encode(), event_id.encode()):
+    # surrogatepass: a lone surrogate escape in the signed event_id must compare, not raise.
+    if header_id is not None and not hmac.compare_digest(
+        header_id.strip().encode("utf-8", "surrogatepass"), event_id.encode("utf-8", "surrogatepass")
+    ):
         return _fail("event_id_mismatch")
     return _ok()
 
@@ -275,10 +279,11 @@ def verify(
 
 
 def _usable_id(value: object) -> str | None:
-    """A candidate id if it is a non-empty string of at most 256 UTF-8 bytes."""
+    """A candidate id if it is a non-empty string of at most 256 UTF-8 bytes (after cleaning, routing.text)."""
     if not isinstance(value, str):
         return None
-    value = value.strip()
+    # Cleaned first, so NUL or a lone surrogate becomes U+FFFD and the byte cap measures what is stored.
+    value = clean_text(value.strip())
     # Oversized ids are producer-controlled and would bloat the unique index; fall through instead.
     if not value or len(value.encode("utf-8")) > MAX_DELIVERY_ID_BYTES:
         return None

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-_MAX = 200
+from routing.text import MAX_TITLE_CHARS, cap_text
 
 
 def todo_title(source: str, kind: str | None, payload: Any) -> str:
-    """A one-line title such as ``github issues opened: owner/repo#12 Fix the build``."""
+    """A one-line title such as ``github issues opened: owner/repo#12 Fix the build``; cleaned and capped."""
+    return cap_text(_title(source, kind, payload), MAX_TITLE_CHARS)
+
+
+def _title(source: str, kind: str | None, payload: Any) -> str:
     head = f"{source} {kind}" if kind else source
     if not isinstance(payload, dict):
-        return head[:_MAX]
+        return head
     action = payload.get("action")
     if isinstance(action, str):
         head = f"{head} {action}"
@@ -22,11 +26,11 @@ def todo_title(source: str, kind: str | None, payload: Any) -> str:
         if isinstance(item, dict):
             number, title = item.get("number"), item.get("title")
             where = f"{repo_name}#{number}" if repo_name else f"#{number}"
-            return f"{head}: {where} {title if isinstance(title, str) else ''}".strip()[:_MAX]
+            return f"{head}: {where} {title if isinstance(title, str) else ''}".strip()
     for key in ("title", "subject", "summary", "type"):
         value = payload.get(key)
         if isinstance(value, str) and value:
-            return f"{head}: {value}"[:_MAX]
+            return f"{head}: {value}"
     if repo_name:
-        return f"{head}: {repo_name}"[:_MAX]
-    return head[:_MAX]
+        return f"{head}: {repo_name}"
+    return head

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import re
 from datetime import datetime
 from typing import Any
 
@@ -11,8 +10,9 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
 from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultCommitInput, TodoRef
-from routing.envelope import parse_payload
+from routing.envelope import parse_payload_checked
 from routing.models import Decision
+from routing.text import clean_text
 from routing.titles import todo_title
 from store.db import Pool
 from store.errors import is_transient, translates_errors
@@ -91,8 +91,10 @@ def _has_nul(value: Any) -> bool:
     return False
 
 
-def _jsonb_payload(value: Any, body: bytes) -> Jsonb | None:
-    if value is None:
+def _jsonb_payload(value: Any, body: bytes, lossy: bool) -> Jsonb | None:
+    # A body whose lone surrogates were replaced (routing.text) is not what the producer sent: the event's
+    # raw bytes are the only copy, as for a non-JSON body.
+    if value is None or lossy:
         return None
     # jsonb cannot hold NUL characters; such payloads stay available raw on the event. A NUL can only arrive
     # escaped, so bodies without that escape skip the walk.
@@ -103,12 +105,10 @@ def _jsonb_payload(value: Any, body: bytes) -> Jsonb | None:
 
 CAUSE_COMMIT_FAILED = "commit_failed"  # stage "fault": the commit was refused deterministically
 
+
 # What PostgreSQL text cannot hold (NUL) or encode (lone surrogates), replaced only on the faulted path.
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
 def _storable(text: str | None) -> str | None:
-    return None if text is None else _UNSTORABLE.sub("\ufffd", text)
+    return None if text is None else clean_text(text)
 
 
 def _event_row(
@@ -278,7 +278,7 @@ class DeliveryStore:
     ) -> list[TodoRef]:
         if not planned:
             return []
-        parsed = parse_payload(body)
+        parsed, lossy = parse_payload_checked(body)
         title = todo_title(d.source, d.kind, parsed)
         cur = await conn.execute(
             _INSERT_TODOS,
@@ -289,7 +289,7 @@ class DeliveryStore:
                 "source": d.source,
                 "kind": d.kind,
                 "title": title,
-                "payload": _jsonb_payload(parsed, body),
+                "payload": _jsonb_payload(parsed, body, lossy),
                 "event_id": event_id,
                 "idempotency_key": d.external_id,
                 "routing_trace": Jsonb(trace),

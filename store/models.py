@@ -50,6 +50,9 @@ class IngestWebhook(BaseModel):
     collector_secret: str | None = None  # a generic collector's HMAC secret, opened
     config: dict[str, Any] = {}
     rate_per_second: float | None = None  # the webhook's own pace; None = the operator default
+    # A stored secret that did not decrypt: the receiver answers 503 when verification needs it.
+    secret_unreadable: bool = False
+    collector_secret_unreadable: bool = False
 
 
 class Todo(BaseModel):

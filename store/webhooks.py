@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cryptography.exceptions import InvalidTag
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
@@ -132,12 +133,26 @@ class WebhookStore:
         if row is None:
             return None
         sealed = row.pop("secret_ciphertext")
-        secret = self.box.open(bytes(sealed), row["id"]) if sealed is not None else None
         sealed_hmac = row.pop("collector_secret_ciphertext")
-        collector_secret = (
-            self.box.open(bytes(sealed_hmac), collector_secret_context(row["id"])) if sealed_hmac is not None else None
+        secret, secret_unreadable = self._open(sealed, row["id"])
+        collector_secret, collector_unreadable = self._open(sealed_hmac, collector_secret_context(row["id"]))
+        return IngestWebhook(
+            secret=secret,
+            collector_secret=collector_secret,
+            secret_unreadable=secret_unreadable,
+            collector_secret_unreadable=collector_unreadable,
+            **row,
         )
-        return IngestWebhook(secret=secret, collector_secret=collector_secret, **row)
+
+    def _open(self, sealed: Any, context: str) -> tuple[str | None, bool]:
+        """A sealed secret opened, and whether it was present but would not open."""
+        if sealed is None:
+            return None, False
+        try:
+            return self.box.open(bytes(sealed), context), False
+        except (InvalidTag, ValueError):
+            # Sealed under another server key, or damaged: the receiver refuses rather than verify without it.
+            return None, True
 
     @translates_errors
     async def load_grant(self, webhook_id: str) -> Grant:

@@ -26,7 +26,7 @@ def server_config(app: Any, **options: Any) -> uvicorn.Config:
 async def serve(settings: Settings, *, with_worker: bool = True) -> None:
     """Run the API until told to stop (Ctrl-C); with_worker also hosts a worker on the same client, so
     deliveries start eagerly: the first workflow task runs here without a round trip through the matching
-    service."""
+    service. That worker also serves the evaluate queue with its own sandbox; the rule verbs have another."""
     from api.app import create_app
     from store.db import open_pool
     from store.inbox import InboxStore
@@ -44,11 +44,11 @@ async def serve(settings: Settings, *, with_worker: bool = True) -> None:
     client = await connect(settings)
     await ensure_schedules(client, settings.task_queue)
     pool = await open_pool(settings.database_url, max_size=settings.db_pool_max)
-    sandbox = make_sandbox()
+    sandbox = make_sandbox(settings)
     worker = build_worker(client, pool, settings, sandbox=sandbox)
     server = uvicorn.Server(
         server_config(
-            create_app(settings, temporal=client, sandbox=sandbox),
+            create_app(settings, temporal=client),
             host=settings.http_host,
             port=settings.http_port,
             log_level="warning",
@@ -59,8 +59,7 @@ async def serve(settings: Settings, *, with_worker: bool = True) -> None:
         async with worker, running_relay(client, InboxStore(pool), settings):
             await server.serve()
     finally:
-        if sandbox is not None:
-            await sandbox.close()
+        await sandbox.close()
         await pool.close()
 
 

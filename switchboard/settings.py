@@ -83,6 +83,12 @@ class Settings(BaseSettings):
     api_worker: bool = True
     eager_start: bool = True
     evaluate_locally: bool = False
+    # Concurrent rule evaluations per worker process: its sandbox children and its evaluate-queue activity slots.
+    sandbox_slots: int = Field(default=2, ge=1, le=64)
+    # How long a delivery's evaluation may wait in Temporal for a worker before it faults as sandbox_busy.
+    evaluate_queue_seconds: float = Field(default=120.0, gt=0, le=3600)
+    # The API process's own sandbox for test_webhook_rules and backtest_webhook_rules (never a delivery's).
+    rule_test_slots: int = Field(default=1, ge=1, le=16)
     log_level: str = "INFO"
 
     @field_validator("forwarded_allow_ips")

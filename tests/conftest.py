@@ -19,7 +19,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from api.app import create_app
 from store.db import migrate, open_pool
-from switchboard.embedded import search_attribute_args, start_postgres, temporal_cli
+from switchboard.embedded import dev_server_args, start_postgres, temporal_cli
 from switchboard.settings import Settings
 from worker import build_worker
 
@@ -61,7 +61,7 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=temporal_cli(),
-        dev_server_extra_args=search_attribute_args(),
+        dev_server_extra_args=dev_server_args(),
         ui=False,
     )
     yield env

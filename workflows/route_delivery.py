@@ -5,15 +5,16 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.common import Priority, RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutType
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities.models import EvaluateInput, LoadGrantInput
     from activities.route import STORE_REJECTED, RouteActivities
     from routing.decision import decide
     from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultCommitInput
-    from routing.models import Evaluation
+    from routing.models import Evaluation, Fault
     from workflows import search
 
 # Store activities are retried on transient errors (database restarts, pool timeouts) until PostgreSQL answers:
@@ -27,6 +28,17 @@ STORE_RETRY = RetryPolicy(
 # Marks the code path that ends a refused commit as faulted (histories before it never reach that branch).
 COMMIT_FAULT_PATCH = "commit-refused-ends-faulted"
 EVALUATE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5)
+
+
+# Rule evaluations run on their own task queue, served in every worker process by a worker whose activity
+# slots equal its sandbox children: a busy process leaves work queued in Temporal instead of faulting it.
+EVALUATE_QUEUE_SUFFIX = "-evaluate"
+EVALUATE_QUEUE_PATCH = "evaluate-task-queue"
+
+
+def evaluate_task_queue(task_queue: str) -> str:
+    """The task queue rule evaluations of workflows on ``task_queue`` run on."""
+    return task_queue + EVALUATE_QUEUE_SUFFIX
 
 
 def workflow_id_for(webhook_id: str, external_id: str) -> str:
@@ -71,6 +83,8 @@ class RouteDelivery:
                     start_to_close_timeout=timedelta(seconds=10),
                     retry_policy=EVALUATE_RETRY,
                 )
+            elif workflow.patched(EVALUATE_QUEUE_PATCH):
+                evaluation = await self._evaluate_on_queue(delivery, rules)
             else:
                 evaluation = await workflow.execute_activity_method(
                     RouteActivities.evaluate_rules,
@@ -99,6 +113,38 @@ class RouteDelivery:
             updates.append(search.RULE_ID.value_set(result.rule_id))
         workflow.upsert_search_attributes(updates)
         return result
+
+    async def _evaluate_on_queue(self, delivery: DeliveryInput, rules: EvaluateInput) -> Evaluation:
+        """Evaluate on the evaluate task queue, fair across endpoints; a worker that never starts it is busy."""
+        queue_wait = timedelta(seconds=delivery.evaluate_queue_seconds)
+        try:
+            return await workflow.execute_activity_method(
+                RouteActivities.evaluate_rules,
+                rules,
+                task_queue=evaluate_task_queue(workflow.info().task_queue),
+                # Waiting for a slot and running are bounded apart: a flood waits its turn (queueing), while a
+                # worker that died mid-evaluation is still noticed by the heartbeat within seconds.
+                schedule_to_start_timeout=queue_wait,
+                start_to_close_timeout=timedelta(seconds=10),
+                heartbeat_timeout=timedelta(seconds=3),
+                retry_policy=EVALUATE_RETRY,
+                # The webhook's owning endpoint is the tenant: matching hands out evaluate tasks round-robin
+                # across endpoints with queued work, so one endpoint's backlog cannot hold another's rules.
+                priority=Priority(fairness_key=delivery.endpoint_id),
+            )
+        except ActivityError as exc:
+            cause = exc.cause
+            if isinstance(cause, CancelledError):
+                raise
+            if isinstance(cause, ActivityTimeout) and cause.type == TimeoutType.SCHEDULE_TO_START:
+                # No evaluate worker picked it up in time: a stuck or absent worker, a fault like any other
+                # (on_fault "hold" holds it; "continue" takes no rule).
+                wait = delivery.evaluate_queue_seconds
+                detail = f"no evaluate worker started the rules within {wait:g} s"
+                return Evaluation(faults=[Fault(rule_index=-1, cause="sandbox_busy", detail=detail)])
+            # Every attempt lost its worker or failed: the delivery is still decided (and visible), as a fault.
+            detail = f"evaluation failed after retries: {cause or exc}"[:200]
+            return Evaluation(faults=[Fault(rule_index=-1, cause="sandbox_failure", detail=detail)])
 
     async def _commit_faulted(self, delivery: DeliveryInput, faults: object, refused: ApplicationError) -> CommitResult:
         """The commit was refused: store the event as faulted with the error; if even that is refused, just end."""

@@ -6,16 +6,27 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from api.deps import RateClass, Services
+from routing.text import unstorable_field
 from store.models import Caller
 
 
 class VerbInput(BaseModel):
-    """Base of every verb input: unknown fields are refused, so a typo is an error, not a no-op."""
+    """Base of every verb input (agent, MCP and admin): unknown fields and unstorable text are refused."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_text(cls, data: Any) -> Any:
+        # NUL and lone surrogates cannot be stored (routing.text): refused before any handler runs, for every
+        # surface at once, as invalid_argument naming the field (never echoing the value).
+        field = unstorable_field(data)
+        if field is not None:
+            raise ValueError(f"{field} contains a NUL or a lone surrogate, which cannot be stored")
+        return data
 
 
 @dataclass(frozen=True)

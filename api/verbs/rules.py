@@ -28,7 +28,6 @@ FAMILY = "webhooks"
 BACKTEST_MAX = 200
 BACKTEST_DEFAULT = 50
 _BACKTEST_BATCH = 20  # events (with payloads) held in memory at once
-_SANDBOX_KEY = "sandbox"
 
 RulesJSON = list[dict[str, Any]]
 ActionJSON = dict[str, Any]
@@ -234,12 +233,10 @@ def _index_of(rules: RulesJSON, rule_id: str) -> int | None:
 
 
 def sandbox_of(ctx: Context) -> SandboxPool:
-    """The API process's sandbox pool, started on first use and closed by the app lifespan."""
-    pool = ctx.services.extras.get(_SANDBOX_KEY)
+    """The rule verbs' own sandbox pool (built by the app lifespan), apart from every delivery's evaluation."""
+    pool = ctx.services.rule_sandbox
     if pool is None:
-        pool = SandboxPool()
-        ctx.services.extras[_SANDBOX_KEY] = pool
-    assert isinstance(pool, SandboxPool)
+        raise RuntimeError("the rule verbs' sandbox is not running (app lifespan not entered)")
     return pool
 
 
@@ -576,6 +573,13 @@ async def backtest_webhook_rules(ctx: Context, data: BacktestInput) -> BacktestO
     store = ctx.services.rules
     saved = await store.read(ctx.caller, data.webhook_id)
     grant, is_candidate = candidate_grant(saved, data)
+    # A caller's concurrent backtests run one after another, so one caller cannot fill the verbs' sandbox.
+    async with ctx.services.backtests.hold(ctx.caller.endpoint_id):
+        return await _backtest(ctx, data, grant, is_candidate)
+
+
+async def _backtest(ctx: Context, data: BacktestInput, grant: Grant, is_candidate: bool) -> BacktestOutput:
+    store = ctx.services.rules
     ids = await store.recent_event_ids(data.webhook_id, data.limit)
     window = set(ids)
     # Replay oldest first, so a once key claimed by an earlier replayed event makes later ones repeats.

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import jq
 import pytest
 
+from routing import sandbox_child
 from routing.models import Evaluation
-from routing.sandbox import ProtocolViolation, Reply, SandboxPool, evaluate_in_process, parse_reply
-from routing.sandbox_child import refusal
+from routing.sandbox import ProtocolViolation, Reply, SandboxPool, encode_input, evaluate_in_process, parse_reply
+from routing.sandbox_child import FD_LIMIT, PARSED, PARSING, PROGRESS, RuleEngine, _Plan, _RulesClock, refusal
 
 ENVELOPE: dict[str, Any] = {
     "source": "github",
@@ -255,3 +258,216 @@ async def test_close_leaves_no_child_processes() -> None:
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}")  # killed and reaped: not even a zombie
     assert causes(await sandbox.evaluate(rules("true"), None, ENVELOPE)) == [(-1, "sandbox_failure")]
+
+
+# A closed issue whose body is about 1 MiB of 4-byte characters: the parse dwarfs the one-field rule.
+BIG_ENVELOPE: dict[str, Any] = {
+    "source": "github",
+    "kind": "issues.closed",
+    "verified": True,
+    "payload": {"issue": {"state": "closed", "body": "😀" * 262_000}},
+    "issue": {"state": "closed"},
+}
+CLOSED = '.issue.state == "closed"'
+
+
+def parse_seconds(envelope: dict[str, Any]) -> float:
+    """How long libjq takes to parse the child's input for this envelope (the best of three)."""
+    text = encode_input(None, envelope).decode()[:-1] + ",0]"  # the same text the child hands libjq
+    program = jq.compile("0")
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        program.input_text(text).first()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def test_the_envelope_travels_as_compact_utf8_json() -> None:
+    encoded = encode_input({"k": 1}, {"t": "😀", "n": 2**64})
+    assert encoded == '[{"k":1},{"t":"😀","n":18446744073709551616}]'.encode()
+    assert len(encode_input(None, BIG_ENVELOPE)) < 1.01 * 1024 * 1024
+
+
+async def test_a_lone_surrogate_still_evaluates_as_the_replacement_character(pool: SandboxPool) -> None:
+    envelope = {"payload": {"t": "a\ud800b", "pair": "\ud83d\ude00"}}
+    rule_list = rules('.payload.t == "a\\ufffdb" and .payload.pair == "😀"')
+    assert await pool.evaluate(rule_list, None, envelope) == Evaluation(matched_index=0)
+    assert evaluate_in_process(rule_list, None, envelope) == Evaluation(matched_index=0)
+
+
+async def test_the_parse_of_a_1_mib_envelope_is_not_charged_to_the_first_rule(pool: SandboxPool) -> None:
+    # At the production limits (50 ms per rule, 250 ms per event), on a loaded machine, 20 times in a row.
+    for _ in range(20):
+        assert await pool.evaluate(rules(CLOSED), None, BIG_ENVELOPE) == Evaluation(matched_index=0)
+        assert evaluate_in_process(rules(CLOSED), None, BIG_ENVELOPE) == Evaluation(matched_index=0)
+
+
+# Four times the body cap, so the parse outlasts a reduced rule timeout several times over and a scheduling
+# hiccup of a loaded machine (which can pause a child for ten milliseconds and more) does not decide.
+HUGE_ENVELOPE: dict[str, Any] = {**BIG_ENVELOPE, "payload": {"issue": {"state": "closed", "body": "😀" * 1_048_000}}}
+REDUCED_TIMEOUT = 0.03
+SLACK_DEADLINE = 10.0  # not what these tests are about: a starved machine may spawn the spare slowly
+
+
+async def test_with_a_reduced_rule_timeout_the_parse_still_belongs_to_no_rule() -> None:
+    # Without this the test would prove nothing: the parse alone outlasts the rule's whole timeout.
+    assert parse_seconds(HUGE_ENVELOPE) > 2 * REDUCED_TIMEOUT
+    sandbox = SandboxPool(rule_timeout=REDUCED_TIMEOUT, event_budget=REDUCED_TIMEOUT, hard_deadline=SLACK_DEADLINE)
+    try:
+        for _ in range(5):
+            assert await sandbox.evaluate(rules(CLOSED), None, HUGE_ENVELOPE) == Evaluation(matched_index=0)
+    finally:
+        await sandbox.close()
+    for _ in range(5):
+        result = evaluate_in_process(rules(CLOSED), None, HUGE_ENVELOPE, rule_timeout=REDUCED_TIMEOUT)
+        assert result == Evaluation(matched_index=0)
+
+
+async def test_a_list_resumed_on_the_spare_after_a_kill_does_not_pay_the_parse() -> None:
+    parse = parse_seconds(HUGE_ENVELOPE)
+    assert parse > 2 * REDUCED_TIMEOUT
+    # Rule 0 spends the timeout, then the spare parses the event again: were either parse charged, the
+    # budget (rule 0's timeout and most of one parse) would be spent before rule 2 ran.
+    sandbox = SandboxPool(
+        rule_timeout=REDUCED_TIMEOUT, event_budget=REDUCED_TIMEOUT + 0.9 * parse, hard_deadline=SLACK_DEADLINE
+    )
+    try:
+        for _ in range(3):
+            result = await sandbox.evaluate(rules("def f: f; f", "false", CLOSED), None, HUGE_ENVELOPE)
+            assert result.matched_index == 2, result
+            assert causes(result) == [(0, "timeout")]
+    finally:
+        await sandbox.close()
+
+
+class _UncaughtOnce:
+    """A compiled program whose first run raises past every try/catch after the parse (libjq can do so)."""
+
+    def __init__(self) -> None:
+        self.runs: list[int] = []
+
+    def input_text(self, text: str) -> Iterator[object]:
+        start = int(text.rsplit(",", 1)[1].rstrip("]"))
+        self.runs.append(start)
+        yield PARSED
+        if len(self.runs) == 1:
+            raise ValueError("uncaught")
+        yield [start, "match"]
+
+
+def test_a_re_parse_after_an_uncaught_error_is_reported_so_no_rule_pays_for_it() -> None:
+    program = _UncaughtOnce()
+    engine = RuleEngine()
+    calls: list[tuple[str, int]] = []
+    outcomes = list(
+        engine.evaluate(
+            _Plan(program, {}),
+            ["x", "y"],
+            "[{},{}]",
+            parsing=lambda position: calls.append(("parsing", position)),
+            parsed=lambda position: calls.append(("parsed", position)),
+        )
+    )
+    assert outcomes == [(0, "error", "uncaught"), (1, "match", None)]
+    assert program.runs == [0, 1]
+    assert calls == [("parsing", 0), ("parsed", 0), ("parsing", 1), ("parsed", 1)]
+
+
+def test_the_rules_clock_moves_on_by_every_parse() -> None:
+    slot = bytearray(PROGRESS.size)
+    clock = _RulesClock(slot, 7, 3)
+    clock.parsing(0)
+    assert PROGRESS.unpack_from(slot)[:2] == (7, PARSING)
+    paused = time.monotonic_ns()
+    while time.monotonic_ns() - paused < 30_000_000:  # a 30 ms "parse"
+        pass
+    clock.parsed(0)
+    seq, index, rule_ns, began_ns = PROGRESS.unpack_from(slot)
+    assert (seq, index) == (7, 3)
+    assert rule_ns - began_ns < 30_000_000  # the rules' clock did not run during the parse
+    clock.rule_started(1)
+    assert PROGRESS.unpack_from(slot)[1] == 4 and PROGRESS.unpack_from(slot)[3] == began_ns
+
+
+def _proc_fields(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as status:
+        return dict(line.split(":\t", 1) for line in status.read().splitlines() if ":\t" in line)
+
+
+def _limits(pid: int) -> dict[str, tuple[str, str]]:
+    with open(f"/proc/{pid}/limits") as limits:
+        rows = limits.read().splitlines()[1:]
+    return {row[:26].strip(): (row[26:47].strip(), row[47:68].strip()) for row in rows}
+
+
+async def test_children_are_hardened_before_they_read_a_request(pool: SandboxPool) -> None:
+    await pool.evaluate(rules("true"), None, ENVELOPE)
+    deadline = time.monotonic() + 20
+    while True:  # the spare may still be starting: poll until every child has hardened itself
+        pids = pool.child_pids()
+        if pids and all(_proc_fields(pid).get("NoNewPrivs", "").strip() == "1" for pid in pids):
+            break
+        assert time.monotonic() < deadline, [_proc_fields(pid) for pid in pids]
+        await asyncio.sleep(0.05)
+    for pid in pids:
+        fields = _proc_fields(pid)
+        assert fields["Seccomp"].strip() == "2" and fields["Seccomp_filters"].strip() == "1"
+        limits = _limits(pid)
+        assert limits["Max open files"] == (str(FD_LIMIT), str(FD_LIMIT))
+        assert limits["Max processes"] == ("0", "0")
+        assert limits["Max core file size"] == ("0", "0") and limits["Max file size"] == ("0", "0")
+        assert sorted(os.listdir(f"/proc/{pid}/fd")) == ["0", "1", "2"]  # not even the progress memfd
+    # And jq still works under all of it.
+    assert await pool.evaluate(rules(CLOSED), None, BIG_ENVELOPE) == Evaluation(matched_index=0)
+
+
+HARDENED_PROBE = r"""
+import os, subprocess, sys, threading
+sys.path.insert(0, sys.argv[1])
+from sandbox_child import harden
+harden()
+results = {}
+for name, attempt in [
+    ("fork", os.fork),
+    ("posix_spawn", lambda: os.posix_spawn("/bin/true", ["true"], {})),
+    ("execv", lambda: os.execv("/bin/true", ["true"])),
+    ("subprocess", lambda: subprocess.run(["/bin/true"])),
+]:
+    try:
+        attempt()
+        results[name] = "started"
+    except OSError as exc:
+        results[name] = exc.errno
+thread = threading.Thread(target=lambda: results.__setitem__("thread", "ran"))
+thread.start()
+thread.join()
+print(sorted(results.items()), flush=True)
+"""
+
+
+def test_a_hardened_child_cannot_start_a_program_but_threads_still_work() -> None:
+    import errno
+    import subprocess
+
+    if platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip("the seccomp filter covers x86_64 and aarch64 only")
+    routing_dir = os.path.dirname(os.path.abspath(sandbox_child.__file__))
+    probe = subprocess.run(
+        [sys.executable, "-I", "-c", HARDENED_PROBE, routing_dir],
+        stdout=subprocess.PIPE,  # a pipe: the probe may write no regular file (RLIMIT_FSIZE is 0)
+        env={},
+        timeout=60,
+        check=True,
+    )
+    eperm = errno.EPERM
+    expected = [("execv", eperm), ("fork", eperm), ("posix_spawn", eperm), ("subprocess", eperm), ("thread", "ran")]
+    assert probe.stdout.decode().strip() == str(expected)
+
+
+def test_a_destructuring_alternative_rule_matches_on_its_first_output() -> None:
+    # libjq emits first()'s value twice through ?//; the rule's first output alone decides.
+    rules = [{"id": "alt", "expr": "[1] as [$x] ?// $x | true", "action": {"queue": "work"}}]
+    assert evaluate_in_process(rules, None, {"kind": "x"}).matched_index == 0
+    rules = [{"id": "alt", "expr": "[1] as [$x] ?// $x | false", "action": {"queue": "work"}}]
+    assert evaluate_in_process(rules, None, {"kind": "x"}).matched_index is None

@@ -19,7 +19,7 @@ from temporalio.worker import Replayer
 
 from routing.delivery import CommitResult
 from store.db import open_pool
-from switchboard.embedded import search_attribute_args, temporal_cli
+from switchboard.embedded import dev_server_args, temporal_cli
 from tests.conftest import Stack, running_stack
 from tests.helpers import eventually, issue_payload, post_github
 from worker import build_worker
@@ -33,7 +33,7 @@ async def test_temporal_unreachable_accepts_into_the_inbox(tmp_path: Path, datab
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=temporal_cli(),
-        dev_server_extra_args=search_attribute_args(),
+        dev_server_extra_args=dev_server_args(),
         ui=False,
     )
     async with running_stack(tmp_path, database_url, env.client, sandbox, with_worker=False) as stack:
@@ -153,8 +153,23 @@ async def test_rules_evaluate_as_a_heartbeating_activity_or_locally_with_the_sam
         )
         history = await handle.fetch_history()
         kinds[mode] = {e.event_type for e in history.events}
+        scheduled = [
+            e.activity_task_scheduled_event_attributes
+            for e in history.events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        ]
+        if not mode:
+            # The evaluate queue, with the owning endpoint as fairness key, and queueing bounded apart from running.
+            [attrs] = scheduled
+            assert attrs.task_queue.name == f"{stack.settings.task_queue}-evaluate"
+            assert attrs.priority.fairness_key == agent.endpoint_id
+            assert attrs.schedule_to_start_timeout.ToSeconds() == stack.settings.evaluate_queue_seconds
+            assert attrs.heartbeat_timeout.ToSeconds() == 3
         [(trace,)] = stack.sql("SELECT routing_trace FROM events WHERE id = %s", resp.json()["event_id"])
         assert trace["stage"] == "rule" and trace["rule_id"] == "issues"
         await Replayer(workflows=[RouteDelivery], data_converter=pydantic_data_converter).replay_workflow(history)
+        if os.environ.get("SWITCHBOARD_WRITE_HISTORIES"):
+            name = "local" if mode else "activity"
+            (HISTORIES / f"route_delivery_rules_{name}.json").write_text(history.to_json())
     assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED in kinds[False]
     assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in kinds[True]
