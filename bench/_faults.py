@@ -213,7 +213,7 @@ class FaultStack:
 
     def start(self, *, apis: int = 1, workers: int = 1) -> None:
         from store.db import migrate
-        from switchboard.embedded import search_attribute_args, temporal_cli
+        from switchboard.embedded import dev_server_args, temporal_cli
 
         self.pg.first_start()
         if self.code is None:
@@ -234,7 +234,7 @@ class FaultStack:
             "--headless",
             "--log-level",
             "error",
-            *search_attribute_args(),
+            *dev_server_args(),  # search attributes and the dynamic config every Switchboard server runs with
         ]
         self.temporal = Proc("temporal", cmd, {"PATH": os.environ.get("PATH", "")}, self.root / "temporal.log")
         self.start_temporal()
