@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg_pool.base as psycopg_pool_base
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -21,6 +22,12 @@ _MIGRATION_LOCK = 0x5B0A_4D16  # advisory lock id held while migrating
 
 UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError, PoolTimeout)
 """What the store raises when PostgreSQL cannot be reached (callers answer 503, never 500)."""
+
+# psycopg_pool retries a lost server at 1, 3, 7, 15, 31 s…, so after a 20 s outage the pools stayed empty (and
+# ingest answered 503) for seconds after PostgreSQL accepted again (bench/faults.py). A steady ~1 s retry keeps
+# the reconnect prompt; each attempt is one connect, so the cost while the server is down is negligible.
+if hasattr(psycopg_pool_base.AttemptWithBackoff, "DELAY_BACKOFF"):
+    psycopg_pool_base.AttemptWithBackoff.DELAY_BACKOFF = 1.0
 
 KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
 """libpq TCP keepalives (ignored on unix sockets), so a peer that vanished is noticed by the kernel too."""
