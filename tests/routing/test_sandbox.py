@@ -380,14 +380,17 @@ def test_the_rules_clock_moves_on_by_every_parse() -> None:
     clock.parsing(0)
     assert PROGRESS.unpack_from(slot)[:2] == (7, PARSING)
     paused = time.monotonic_ns()
-    while time.monotonic_ns() - paused < 30_000_000:  # a 30 ms "parse"
+    while time.monotonic_ns() - paused < 30_000_000:  # a 30 ms "parse" (busy: it costs CPU time too)
         pass
     clock.parsed(0)
-    seq, index, rule_ns, began_ns = PROGRESS.unpack_from(slot)
+    seq, index, rule_ns, began_ns, rule_cpu, began_cpu = PROGRESS.unpack_from(slot)
     assert (seq, index) == (7, 3)
     assert rule_ns - began_ns < 30_000_000  # the rules' clock did not run during the parse
+    assert 0 <= rule_cpu - began_cpu < 20_000_000  # nor did the rules' CPU clock, which the parse kept busy
+    assert rule_cpu <= time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)  # the clock the parent reads
     clock.rule_started(1)
-    assert PROGRESS.unpack_from(slot)[1] == 4 and PROGRESS.unpack_from(slot)[3] == began_ns
+    fields = PROGRESS.unpack_from(slot)
+    assert fields[1] == 4 and fields[3] == began_ns and fields[5] == began_cpu
 
 
 def _proc_fields(pid: int) -> dict[str, str]:
