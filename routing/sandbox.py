@@ -206,7 +206,7 @@ class _Child:
             try:
                 time.clock_gettime_ns(_cpu_clock_id(pid))
                 self._cpu_clock = _cpu_clock_id(pid)
-            except OSError as exc:  # not Linux, or a kernel without per-process CPU clocks: the old, stricter rule
+            except (OSError, OverflowError) as exc:  # no per-process CPU clocks: the wall clock, stricter
                 log.warning("no CPU clock for sandbox child %d (%s); rule budgets use wall-clock time", pid, exc)
 
     def _cpu_ns(self) -> int | None:
@@ -328,7 +328,8 @@ class _Child:
         if budget_left <= 0:
             self._kill_run(run, "budget", progress.index, "event budget spent")
         elif running and rule_left <= 0:
-            self._kill_run(run, "timeout", progress.index, f"rule used {timeout_ms} of CPU; child killed")
+            spent = f"used {timeout_ms} of CPU" if self._cpu_clock is not None else f"ran past {timeout_ms}"
+            self._kill_run(run, "timeout", progress.index, f"rule {spent}; child killed")
         elif running and now >= progress.rule_at + wall_bound:
             # Descheduled or stopped: the rule did not finish within its wall-clock bound, CPU or not.
             used = (progress.cpu - progress.rule_cpu) / 1e6
