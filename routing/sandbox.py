@@ -211,7 +211,7 @@ class _Child:
 
     def _cpu_ns(self) -> int | None:
         """The child's CPU time in ns (all its threads), or None once it has exited or if unreadable."""
-        if self._cpu_clock is None:
+        if self._cpu_clock is None or self.exited.done():  # reaped: the pid (and its clock) may be another's
             return None
         try:
             return time.clock_gettime_ns(self._cpu_clock)
