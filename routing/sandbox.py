@@ -6,6 +6,12 @@ carry on with the remaining rules on a spare child. Children are the same interp
 an empty environment, stderr discarded and an address-space cap; they return only indexes and faults.
 The envelope travels as compact UTF-8 JSON and the child's rule clocks start only once libjq has parsed
 it, so a large body costs the hard deadline some milliseconds but never a rule its 50 ms.
+
+The per-rule timeout and the per-event budget count the child's CPU time in rules, read from the kernel's
+per-process CPU clock, so a child that waits for a core on a loaded machine is not killed for it: routing
+does not depend on load. A jq rule cannot sleep or block (it has no I/O), so CPU time is its whole cost.
+Wall-clock bounds stay for a child that is descheduled or stopped: a rule gets at most 20 times its
+timeout of wall-clock time, and the hard deadline ends every request, whatever the CPU clock says.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ _WARM_LISTS: Final = 16  # recently evaluated rule lists a new child compiles be
 _MAX_REPLACEMENTS: Final = 4  # children killed or lost for one delivery before the rest fails closed
 _DETAIL_MAX: Final = 200
 _FAULT_CAUSES: Final = frozenset({"error", "compile_error"})
+_RULE_WALL_FACTOR: Final = 20  # a rule's wall-clock bound, in rule timeouts (1 s at the 50 ms default)
 
 Ending = Literal[
     "complete", "timeout", "budget", "hard_deadline", "died", "died_compiling", "died_parsing", "violation", "gone"
@@ -91,6 +98,22 @@ def parse_reply(line: bytes, *, seq: int, expected_index: int, rule_count: int) 
     return Reply(kind="fault", rule_index=index, cause=cause, detail=detail and detail[:_DETAIL_MAX])
 
 
+@dataclass(frozen=True)
+class _Progress:
+    """The running rule as the parent reads it: CPU figures in ns of the child's CPU clock."""
+
+    index: int
+    rule_at: float  # loop time the rule started (for the wall-clock bound)
+    rule_cpu: int  # the child's CPU clock when the rule started
+    began_cpu: int  # the child's CPU clock when the rules' clock started, moved on by every parse
+    cpu: int  # the child's CPU clock now
+
+
+def _cpu_clock_id(pid: int) -> int:
+    """Linux's id for another process's CPU clock (CPUCLOCK_SCHED of the whole process; see clock_getcpuclockid)."""
+    return (~pid << 3) | 2
+
+
 @dataclass
 class _Run:
     """One request on one child: rules ``next_index`` to ``end``, and what is known of them so far."""
@@ -102,14 +125,16 @@ class _Run:
     budget_left: float
     hard_at: float
     sent_at: float
+    sent_cpu: int  # the child's CPU clock when the request was sent (ns; the wall clock if unreadable)
     future: asyncio.Future[_Run]
     faults: list[tuple[int, str, str | None]] = field(default_factory=list)
     matched: int | None = None
     ending: Ending = "complete"
     stopped_at: int = -1  # the rule running when the child was killed or died
     detail: str = ""
-    began_at: float | None = None  # when the first rule started (the child had compiled the list)
-    elapsed: float = 0.0
+    began_cpu: int | None = None  # the rules' CPU clock start (the child had compiled the list)
+    elapsed: float = 0.0  # CPU seconds spent in rules
+    cpu_mark: tuple[int, float] = (0, 0.0)  # the last CPU clock reading and its loop time
     killing: tuple[Ending, int, str] | None = None  # decided; waiting for the pipe to drain
     timer: asyncio.TimerHandle | None = None
 
@@ -147,6 +172,7 @@ class _Child:
         self._run: _Run | None = None
         self._killed = False
         self._progress: mmap.mmap | None = None
+        self._cpu_clock: int | None = None  # the child's CPU clock id; None: rules are timed on the wall clock
 
     @property
     def pid(self) -> int | None:
@@ -176,6 +202,34 @@ class _Child:
             os.close(progress_fd)
         async with asyncio.timeout(_SPAWN_TIMEOUT):
             await self.ready
+        pid = self.pid
+        if pid is not None:
+            try:
+                time.clock_gettime_ns(_cpu_clock_id(pid))
+                self._cpu_clock = _cpu_clock_id(pid)
+            except (OSError, OverflowError) as exc:  # no per-process CPU clocks: the wall clock, stricter
+                log.warning("no CPU clock for sandbox child %d (%s); rule budgets use wall-clock time", pid, exc)
+
+    def _cpu_ns(self) -> int | None:
+        """The child's CPU time in ns (all its threads), or None once it has exited or if unreadable."""
+        if self._cpu_clock is None or self.exited.done():  # reaped: the pid (and its clock) may be another's
+            return None
+        try:
+            return time.clock_gettime_ns(self._cpu_clock)
+        except OSError:
+            return None
+
+    def _cpu_now(self, run: _Run) -> int:
+        """The child's CPU clock now; once unreadable, an upper bound (a thread's CPU cannot outrun the wall)."""
+        now = self.loop.time()
+        if self._cpu_clock is None:
+            return int(now * 1e9)
+        cpu = self._cpu_ns()
+        if cpu is not None:
+            run.cpu_mark = (cpu, now)
+            return cpu
+        mark_cpu, mark_at = run.cpu_mark
+        return mark_cpu + int((now - mark_at) * 1e9)
 
     def run(
         self,
@@ -189,6 +243,10 @@ class _Child:
         hard_at: float,
     ) -> asyncio.Future[_Run]:
         """Send one request; the future resolves (never fails) when the child answers or is killed."""
+        sent_at = self.loop.time()
+        sent_cpu = self._cpu_ns() if self._cpu_clock is not None else None
+        if sent_cpu is None:
+            sent_cpu = int(sent_at * 1e9)
         run = _Run(
             seq=seq,
             next_index=start,
@@ -196,8 +254,10 @@ class _Child:
             rule_timeout=rule_timeout,
             budget_left=budget_left,
             hard_at=hard_at,
-            sent_at=self.loop.time(),
+            sent_at=sent_at,
+            sent_cpu=sent_cpu,
             future=self.loop.create_future(),
+            cpu_mark=(sent_cpu, sent_at),
         )
         self._run = run
         if self.dead or self.transport is None:
@@ -209,27 +269,41 @@ class _Child:
         self._arm(run, min(self.loop.time() + rule_timeout, hard_at))
         return run.future
 
-    def _slot(self, run: _Run) -> tuple[int, int, int] | None:
-        """The progress slot's (index, rule ns, rules' clock ns) for this run, None if unread or torn."""
+    def _slot(self, run: _Run) -> tuple[int, int, int, int, int] | None:
+        """The progress slot's (index, rule ns, rules' clock ns, rule CPU ns, rules' CPU ns) for this run.
+
+        None if unread, torn or another request's.
+        """
         if self._progress is None:
             return None
         first = PROGRESS.unpack_from(self._progress)
         if PROGRESS.unpack_from(self._progress) != first:  # caught mid-write: the child is not stuck here
             return None
-        seq, index, rule_ns, began_ns = first
-        return (index, rule_ns, began_ns) if seq == run.seq else None
+        seq, index, rule_ns, began_ns, rule_cpu, began_cpu = first
+        return (index, rule_ns, began_ns, rule_cpu, began_cpu) if seq == run.seq else None
 
-    def _read_progress(self, run: _Run) -> tuple[int, float, float] | None:
-        """The running rule's index, its start and the rules' clock start; None while compiling or parsing."""
+    def _read_progress(self, run: _Run) -> _Progress | None:
+        """The running rule and the child's CPU clock now; None while compiling or parsing."""
         slot = self._slot(run)
         if slot is None or slot[0] in (COMPILING, PARSING):
             return None
-        index, rule_ns, began_ns = slot
+        index, rule_ns, began_ns, rule_cpu, began_cpu = slot
         now = self.loop.time()
-        # The child's word is only trusted within bounds: the budget and hard deadline are the parent's.
+        cpu = self._cpu_now(run)
+        if self._cpu_clock is None:  # timed on the wall clock: the child's wall figures stand in for CPU
+            rule_cpu, began_cpu = rule_ns, began_ns
+        # The child's word is only trusted within bounds: the budgets and deadlines are the parent's.
+        began_cpu = min(max(began_cpu, run.sent_cpu), cpu)
+        rule_cpu = min(max(rule_cpu, began_cpu), cpu)
         began_at = min(max(began_ns / 1e9, run.sent_at), now)
         rule_at = min(max(rule_ns / 1e9, began_at), now)
-        return max(run.next_index, min(index, run.end)), rule_at, began_at
+        return _Progress(
+            index=max(run.next_index, min(index, run.end)),
+            rule_at=rule_at,
+            rule_cpu=rule_cpu,
+            began_cpu=began_cpu,
+            cpu=cpu,
+        )
 
     def _arm(self, run: _Run, when: float) -> None:
         # Never re-arm in the past: a timer that cannot decide yet must not spin the loop.
@@ -241,25 +315,45 @@ class _Child:
         now = self.loop.time()
         progress = self._read_progress(run)
         if now >= run.hard_at:
-            self._kill_run(run, "hard_deadline", progress[0] if progress else run.next_index, "hard deadline")
+            self._kill_run(run, "hard_deadline", progress.index if progress else run.next_index, "hard deadline")
             return
         if progress is None:  # compiling the rule list or parsing the event: only the hard deadline applies
             self._arm(run, min(now + run.rule_timeout, run.hard_at))
             return
-        index, rule_at, began_at = progress
-        run.began_at = began_at
-        budget_at = began_at + run.budget_left
-        if now >= budget_at:
-            self._kill_run(run, "budget", index, "event budget spent")
-        elif index < run.end and now >= rule_at + run.rule_timeout:
-            self._kill_run(run, "timeout", index, f"rule ran past {run.rule_timeout * 1000:.0f} ms; child killed")
+        run.began_cpu = progress.began_cpu
+        running = progress.index < run.end  # else the list is done and the child is writing its answer
+        budget_left = run.budget_left - (progress.cpu - progress.began_cpu) / 1e9
+        rule_left = run.rule_timeout - (progress.cpu - progress.rule_cpu) / 1e9
+        wall_bound = run.rule_timeout * _RULE_WALL_FACTOR
+        timeout_ms = f"{run.rule_timeout * 1000:.0f} ms"
+        if budget_left <= 0:
+            self._kill_run(run, "budget", progress.index, "event budget spent")
+        elif running and rule_left <= 0:
+            spent = f"used {timeout_ms} of CPU" if self._cpu_clock is not None else f"ran past {timeout_ms}"
+            self._kill_run(run, "timeout", progress.index, f"rule {spent}; child killed")
+        elif running and now >= progress.rule_at + wall_bound:
+            # Descheduled or stopped: the rule did not finish within its wall-clock bound, CPU or not.
+            used = (progress.cpu - progress.rule_cpu) / 1e6
+            self._kill_run(
+                run,
+                "timeout",
+                progress.index,
+                f"rule unfinished after {wall_bound * 1000:.0f} ms of wall-clock time"
+                f" ({used:.0f} ms of CPU, limit {timeout_ms}); child killed",
+            )
         else:
-            rule_deadline = rule_at + run.rule_timeout if index < run.end else now + run.rule_timeout
-            self._arm(run, min(rule_deadline, budget_at, run.hard_at))
+            # CPU time cannot outrun the wall clock, so nothing can be due before the smallest remainder.
+            wake = min(now + budget_left, run.hard_at)
+            if running:
+                wake = min(wake, now + rule_left, progress.rule_at + wall_bound)
+            else:
+                wake = min(wake, now + run.rule_timeout)
+            self._arm(run, wake)
 
     def _kill_run(self, run: _Run, ending: Ending, index: int, detail: str) -> None:
         """Kill the child, keep the fault lines it wrote before the kill, and finish the run."""
         run.killing = (ending, index, detail)
+        self._cpu_now(run)  # the last reading the dead child's CPU time can be charged from
         self.kill()
         # Read what is already in the pipe now rather than wait for the kernel to tear the child down.
         pipe = self.transport.get_pipe_transport(1) if self.transport is not None else None
@@ -283,8 +377,10 @@ class _Child:
         self._run = None
         run.ending, run.stopped_at, run.detail = ending, stopped_at, detail
         if (progress := self._read_progress(run)) is not None:
-            run.began_at = progress[2]  # the freshest: a re-parse since the last timer moved it on
-        run.elapsed = self.loop.time() - run.began_at if run.began_at is not None else 0.0
+            run.began_cpu = progress.began_cpu  # the freshest: a re-parse since the last timer moved it on
+            run.elapsed = (progress.cpu - progress.began_cpu) / 1e9
+        elif run.began_cpu is not None:
+            run.elapsed = (self._cpu_now(run) - run.began_cpu) / 1e9
         if ending != "complete":
             self.kill()
         run.future.set_result(run)
@@ -346,7 +442,7 @@ class _Child:
             elif (progress := self._read_progress(run)) is None:
                 self._finish(run, "died_compiling", run.next_index, "sandbox child died while compiling")
             else:
-                self._finish(run, "died", progress[0], "sandbox child died")
+                self._finish(run, "died", progress.index, "sandbox child died")
         if not self.ready.done():
             self.ready.set_exception(RuntimeError("sandbox child exited during start-up"))
 
@@ -795,7 +891,10 @@ def evaluate_in_process(
     rule_timeout: float = 0.05,
     event_budget: float = 0.25,
 ) -> Evaluation:
-    """The sandbox's semantics with libjq in this process and no kill (tests and benchmarks only)."""
+    """The sandbox's semantics with libjq in this process and no kill (tests and benchmarks only).
+
+    Rules are timed on this thread's CPU clock, as the sandbox times its children's.
+    """
     if not rules:
         return Evaluation()
     try:
@@ -806,18 +905,18 @@ def evaluate_in_process(
     faults: list[Fault] = []
     plan = _ENGINE.prepare(exprs)  # compiling is not evaluation: the sandbox times rules after it too
     budget_left = event_budget
-    started = time.perf_counter()
+    started = time.thread_time()
 
     def parsed(position: int) -> None:  # parsing is not evaluation either: the rule's clock starts after it
         nonlocal started
-        started = time.perf_counter()
+        started = time.thread_time()
 
     for index, outcome, detail in _ENGINE.evaluate(plan, exprs, text, parsed=parsed):
-        finished = time.perf_counter()
+        finished = time.thread_time()
         spent, started = finished - started, finished
         budget_left -= spent
         if spent > rule_timeout:
-            faults.append(_fault(index, rule_ids, "timeout", f"rule ran past {rule_timeout * 1000:.0f} ms"))
+            faults.append(_fault(index, rule_ids, "timeout", f"rule used over {rule_timeout * 1000:.0f} ms of CPU"))
         elif outcome == "match":
             return Evaluation(matched_index=index, faults=faults)
         elif outcome != "nomatch":

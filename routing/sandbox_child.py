@@ -17,8 +17,10 @@ Protocol: one request line in, reply lines out; every reply line starts with ``S
 * replies: ``[0, "ready"]`` once at start-up; per request one ``[seq, "r", rule_index, cause, detail]``
   per faulted rule and a final ``[seq, "end", matched_index_or_null]``. Rules without a line did not
   match. Only indexes, causes and short fault details ever leave the child.
-* progress: before each rule the child writes its index and start time into a shared memory slot
-  (fd in argv), so the parent can time the running rule without a pipe write and wake-up per rule.
+* progress: before each rule the child writes its index and start time, in wall-clock and in its own
+  CPU time, into a shared memory slot (fd in argv), so the parent can time the running rule without a
+  pipe write and wake-up per rule. The parent reads the child's CPU clock itself, so the per-rule and
+  per-event budgets count the CPU the rules used, not time the child spent waiting for a core.
   While the list compiles (COMPILING) or the event is parsed (PARSING) only the hard deadline applies:
   the per-rule and per-event clocks measure rule evaluation, never the producer-sized parse.
 
@@ -59,9 +61,11 @@ else:
 
 PREFIX: Final = b"SBX1 "
 # Shared progress slot, written before each rule: request seq, the running rule's index (COMPILING while
-# the rule list compiles, PARSING while libjq parses the event), when that rule started, and when the rules'
-# clock started, moved on by every parse so that now minus it is time spent in rules (CLOCK_MONOTONIC ns).
-PROGRESS: Final = struct.Struct("<qqqq")
+# the rule list compiles, PARSING while libjq parses the event), when that rule started and when the rules'
+# clock started (moved on by every parse, so that now minus it is time spent in rules), each on the wall
+# clock (CLOCK_MONOTONIC ns) and on the child's CPU clock (CLOCK_PROCESS_CPUTIME_ID ns: the clock the
+# parent reads as this process's CPU clock, so the two compare without translation).
+PROGRESS: Final = struct.Struct("<qqqqqq")
 COMPILING: Final = -1
 PARSING: Final = -2
 # The combined program's first output, emitted once libjq has parsed the input and before any rule runs.
@@ -388,7 +392,7 @@ def serve(memory_limit: int, hard_deadline: float, progress_fd: int) -> None:
         # A self-watchdog: SIGALRM's default action ends the child even inside libjq, even if the
         # parent is gone and can no longer kill it.
         signal.setitimer(signal.ITIMER_REAL, hard_deadline)
-        PROGRESS.pack_into(progress, 0, seq, COMPILING, 0, 0)
+        PROGRESS.pack_into(progress, 0, seq, COMPILING, 0, 0, 0, 0)
         plan = engine.prepare(exprs)
         clock = _RulesClock(progress, seq, base)
         matched: int | None = None
@@ -414,9 +418,9 @@ def _check(progress: Any, seq: int, exprs: list[object], hard_deadline: float) -
     import signal
 
     signal.setitimer(signal.ITIMER_REAL, hard_deadline)
-    began = time.monotonic_ns()
+    began, began_cpu = time.monotonic_ns(), _cpu_ns()
     for position, expr in enumerate(exprs):
-        PROGRESS.pack_into(progress, 0, seq, position, time.monotonic_ns(), began)
+        PROGRESS.pack_into(progress, 0, seq, position, time.monotonic_ns(), began, _cpu_ns(), began_cpu)
         error = RuleEngine().prepare([expr]).compile_errors.get(0)
         if error is not None:
             _write(_reply(seq, "r", position, "compile_error", error))
@@ -424,30 +428,44 @@ def _check(progress: Any, seq: int, exprs: list[object], hard_deadline: float) -
     signal.setitimer(signal.ITIMER_REAL, 0)
 
 
+def _cpu_ns() -> int:
+    """This process's CPU time in ns: the same clock the parent reads for this pid (see PROGRESS)."""
+    return time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)
+
+
 class _RulesClock:
-    """Writes the progress slot for one request, keeping parses out of the rules' clock."""
+    """Writes the progress slot for one request, keeping parses out of the rules' clocks."""
 
     def __init__(self, progress: Any, seq: int, base: int) -> None:
         self._progress = progress
         self._seq = seq
         self._base = base
-        self._began = time.monotonic_ns()  # the list is compiled: the rules' clock starts here
+        # The list is compiled: the rules' clocks start here, on the wall and on this process's CPU.
+        self._began = time.monotonic_ns()
+        self._began_cpu = _cpu_ns()
         self._paused_at = self._began
+        self._paused_cpu = self._began_cpu
 
     def parsing(self, position: int) -> None:
         """libjq starts parsing the event: no rule is running, only the hard deadline applies."""
         self._paused_at = time.monotonic_ns()
-        PROGRESS.pack_into(self._progress, 0, self._seq, PARSING, 0, 0)
+        self._paused_cpu = _cpu_ns()
+        PROGRESS.pack_into(self._progress, 0, self._seq, PARSING, 0, 0, 0, 0)
 
     def parsed(self, position: int) -> None:
-        """The parse is over; the rules' clock resumes without it and rule ``position`` starts."""
+        """The parse is over; the rules' clocks resume without it and rule ``position`` starts."""
+        cpu = _cpu_ns()
         now = time.monotonic_ns()
         self._began += now - self._paused_at
-        PROGRESS.pack_into(self._progress, 0, self._seq, self._base + position, now, self._began)
+        self._began_cpu += cpu - self._paused_cpu
+        self._write(position, now, cpu)
 
     def rule_started(self, position: int) -> None:
         """Rule ``position`` (of this request) starts now."""
-        PROGRESS.pack_into(self._progress, 0, self._seq, self._base + position, time.monotonic_ns(), self._began)
+        self._write(position, time.monotonic_ns(), _cpu_ns())
+
+    def _write(self, position: int, now: int, cpu: int) -> None:
+        PROGRESS.pack_into(self._progress, 0, self._seq, self._base + position, now, self._began, cpu, self._began_cpu)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import platform
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -380,14 +382,17 @@ def test_the_rules_clock_moves_on_by_every_parse() -> None:
     clock.parsing(0)
     assert PROGRESS.unpack_from(slot)[:2] == (7, PARSING)
     paused = time.monotonic_ns()
-    while time.monotonic_ns() - paused < 30_000_000:  # a 30 ms "parse"
+    while time.monotonic_ns() - paused < 30_000_000:  # a 30 ms "parse" (busy: it costs CPU time too)
         pass
     clock.parsed(0)
-    seq, index, rule_ns, began_ns = PROGRESS.unpack_from(slot)
+    seq, index, rule_ns, began_ns, rule_cpu, began_cpu = PROGRESS.unpack_from(slot)
     assert (seq, index) == (7, 3)
     assert rule_ns - began_ns < 30_000_000  # the rules' clock did not run during the parse
+    assert 0 <= rule_cpu - began_cpu < 20_000_000  # nor did the rules' CPU clock, which the parse kept busy
+    assert rule_cpu <= time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)  # the clock the parent reads
     clock.rule_started(1)
-    assert PROGRESS.unpack_from(slot)[1] == 4 and PROGRESS.unpack_from(slot)[3] == began_ns
+    fields = PROGRESS.unpack_from(slot)
+    assert fields[1] == 4 and fields[3] == began_ns and fields[5] == began_cpu
 
 
 def _proc_fields(pid: int) -> dict[str, str]:
@@ -471,3 +476,169 @@ def test_a_destructuring_alternative_rule_matches_on_its_first_output() -> None:
     assert evaluate_in_process(rules, None, {"kind": "x"}).matched_index == 0
     rules = [{"id": "alt", "expr": "[1] as [$x] ?// $x | false", "action": {"queue": "work"}}]
     assert evaluate_in_process(rules, None, {"kind": "x"}).matched_index is None
+
+
+# Rule budgets count the child's CPU time, not the wall clock: a starved child is not a slow rule.
+
+BUSY_RULE = "[range(25000)] | length < 0"  # some milliseconds of CPU, well inside the 50 ms timeout; no match
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """Another process's CPU time (Linux's per-process CPU clock), None once it has gone."""
+    try:
+        return time.clock_gettime((~pid << 3) | 2)
+    except OSError:
+        return None
+
+
+def _running_rule(sandbox: SandboxPool) -> tuple[int, int] | None:
+    """(pid, rule index) of the child whose progress slot shows a rule of its current request running."""
+    for child in list(sandbox._children):
+        run, progress, pid = child._run, child._progress, child.pid
+        if run is None or progress is None or pid is None:
+            continue
+        seq, index = PROGRESS.unpack_from(progress)[:2]
+        if seq == run.seq and index >= 0:
+            return pid, index
+    return None
+
+
+async def _stop_during_rule_0(sandbox: SandboxPool, task: asyncio.Task[Evaluation]) -> int | None:
+    """SIGSTOP the child while rule 0 runs; the pid if it was caught mid-rule, else None (child left running)."""
+    deadline = time.monotonic() + 10
+    while not any(child._run is not None for child in list(sandbox._children)):  # until the request is sent
+        assert not task.done() and time.monotonic() < deadline
+        await asyncio.sleep(0)
+    while (running := _running_rule(sandbox)) is None:  # a busy poll: rule 0 lasts some milliseconds
+        if task.done() or time.monotonic() > deadline:
+            return None
+    pid, index = running
+    os.kill(pid, signal.SIGSTOP)
+    # Stopped: the slot is frozen. Rule 0 still running means the stop landed inside the rule.
+    if index == 0 and _running_rule(sandbox) == (pid, 0):
+        return pid
+    os.kill(pid, signal.SIGCONT)
+    return None
+
+
+def test_the_busy_rule_costs_some_cpu_but_well_under_the_timeout() -> None:
+    program = jq.compile(BUSY_RULE)
+    started = time.thread_time()
+    assert program.input_value({}).first() is False
+    assert 0.003 < time.thread_time() - started < 0.035
+
+
+async def test_a_runaway_rule_is_killed_after_about_its_cpu_time_and_the_next_rule_decides() -> None:
+    sandbox = SandboxPool()
+    try:
+        await sandbox.evaluate(rules("true"), None, ENVELOPE)  # children started
+        baseline = {pid: cpu for pid in sandbox.child_pids() if (cpu := _cpu_seconds(pid)) is not None}
+        last = dict(baseline)
+        task = asyncio.create_task(sandbox.evaluate(rules("def f: f; f", ".verified"), None, ENVELOPE))
+        while not task.done():  # sample every child's CPU clock until the runaway's child is killed
+            for pid in baseline:
+                if (cpu := _cpu_seconds(pid)) is not None:
+                    last[pid] = cpu
+            await asyncio.sleep(0.001)
+        result = task.result()
+    finally:
+        await sandbox.close()
+    assert result.matched_index == 1
+    assert causes(result) == [(0, "timeout")]
+    assert result.faults[0].detail == "rule used 50 ms of CPU; child killed"
+    used = max(last[pid] - baseline[pid] for pid in baseline)
+    assert 0.04 <= used < 0.2, used  # about its 50 ms of CPU (the last sample can precede the kill a little)
+
+
+async def test_a_cheap_rule_in_a_starved_child_is_not_killed() -> None:
+    sandbox = SandboxPool()  # production limits: 50 ms per rule, 250 ms per event
+    rule_list = rules(BUSY_RULE, ".verified")
+    try:
+        assert await sandbox.evaluate(rule_list, None, ENVELOPE) == Evaluation(matched_index=1)  # compiled
+        for _ in range(20):  # until a stop lands inside rule 0 (a loaded machine may miss the window)
+            task = asyncio.create_task(sandbox.evaluate(rule_list, None, ENVELOPE))
+            pid = await _stop_during_rule_0(sandbox, task)
+            if pid is None:
+                assert await task == Evaluation(matched_index=1)
+                continue
+            await asyncio.sleep(0.2)  # four rule timeouts of wall-clock time with no CPU at all
+            assert not task.done()
+            os.kill(pid, signal.SIGCONT)
+            assert await task == Evaluation(matched_index=1)  # no timeout fault: rule 0 used little CPU
+            break
+        else:
+            pytest.fail("never caught rule 0 running")
+    finally:
+        await sandbox.close()
+
+
+async def test_a_rule_stopped_past_its_wall_clock_bound_is_killed_and_the_next_rule_decides() -> None:
+    sandbox = SandboxPool()
+    rule_list = rules(BUSY_RULE, ".verified")
+    stopped: list[int] = []
+    try:
+        assert await sandbox.evaluate(rule_list, None, ENVELOPE) == Evaluation(matched_index=1)
+        for _ in range(20):
+            started = time.monotonic()
+            task = asyncio.create_task(sandbox.evaluate(rule_list, None, ENVELOPE))
+            pid = await _stop_during_rule_0(sandbox, task)
+            if pid is None:
+                await task
+                continue
+            stopped.append(pid)  # never continued: only a wall-clock bound can end this rule
+            result = await task
+            elapsed = time.monotonic() - started
+            break
+        else:
+            pytest.fail("never caught rule 0 running")
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        await sandbox.close()
+    assert result.matched_index == 1
+    assert causes(result) == [(0, "timeout")]
+    assert "1000 ms of wall-clock time" in (result.faults[0].detail or ""), result.faults[0].detail
+    assert 1.0 <= elapsed < 1.9  # the rule's bound (20 timeouts), inside the 2 s hard deadline
+
+
+async def test_a_child_stopped_for_good_is_ended_by_the_hard_deadline() -> None:
+    sandbox = SandboxPool()
+    pids: list[int] = []
+    try:
+        assert await sandbox.evaluate(rules("true"), None, ENVELOPE) == Evaluation(matched_index=0)
+        deadline = time.monotonic() + 20
+        while len(sandbox._idle) < 3:  # the two children and the spare, all stopped before the request
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        pids = [pid for child in sandbox._idle if (pid := child.pid) is not None]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        result = await sandbox.evaluate(rules(".verified"), None, ENVELOPE)
+        elapsed = time.monotonic() - started
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        await sandbox.close()
+    assert result.matched_index is None
+    assert causes(result) == [(-1, "sandbox_failure")]
+    assert "hard deadline" in (result.faults[0].detail or "")
+    assert 1.9 <= elapsed < 3.0
+
+
+async def test_without_a_readable_cpu_clock_rules_are_timed_on_the_wall_clock(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("routing.sandbox._cpu_clock_id", lambda pid: 12345)  # no such clock: EINVAL
+    sandbox = SandboxPool()
+    try:
+        assert await sandbox.evaluate(rules(CLOSED), None, BIG_ENVELOPE) == Evaluation(matched_index=0)
+        result = await sandbox.evaluate(rules("def f: f; f", ".verified"), None, ENVELOPE)
+    finally:
+        await sandbox.close()
+    assert result.matched_index == 1
+    assert causes(result) == [(0, "timeout")]
+    assert result.faults[0].detail == "rule ran past 50 ms; child killed"  # no claim about CPU it did not read
+    assert "rule budgets use wall-clock time" in caplog.text
