@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,17 +18,11 @@ from activities.route import RouteActivities
 from activities.schedules import ScheduleActivities
 from activities.upkeep import UpkeepActivities
 from routing.sandbox import SandboxPool
-from store.crypto import SecretBox
-from store.db import Pool, open_pool
-from store.deliveries import DeliveryStore
-from store.events import EventStore
-from store.inbox import InboxStore
-from store.schedules import ScheduleStore
-from store.todos import TodoStore
-from store.webhooks import WebhookStore
-from switchboard.relay import running_relay
+from runtime.relay import running_relay
+from runtime.root import Stores, build_stores, worker_resources
+from runtime.schedules import ensure_schedules
+from store.db import Pool
 from switchboard.settings import Settings
-from switchboard.temporal import connect, ensure_schedules
 from workflows.route_delivery import RouteDelivery, evaluate_task_queue
 from workflows.schedules import FireSchedule
 from workflows.upkeep import PruneRetention, ReapTodos
@@ -35,19 +31,23 @@ log = logging.getLogger("switchboard.worker")
 
 WORKFLOWS: list[type] = [RouteDelivery, ReapTodos, PruneRetention, FireSchedule]
 
-
-def make_sandbox(settings: Settings) -> SandboxPool:
-    """The jq sandbox pool of this process's evaluate worker: one child per evaluate slot (plus a spare)."""
-    return SandboxPool(max_children=settings.sandbox_slots)
+LIVENESS_FILE = "worker.alive"
+LIVENESS_PERIOD = 10.0
 
 
 class Workers:
     """The workers of one process, entered and left together: workflows and upkeep, and rule evaluation."""
 
-    def __init__(self, main: Worker, evaluate: Worker) -> None:
+    def __init__(self, main: Worker, evaluate: Worker, stores: Stores) -> None:
         self.main = main
         self.evaluate = evaluate
+        self.stores = stores
         self._stack = contextlib.AsyncExitStack()
+
+    @property
+    def client(self) -> Client:
+        """The Temporal client both workers poll with (an API process hosting them starts deliveries on it)."""
+        return self.main.client
 
     async def __aenter__(self) -> Workers:
         async with contextlib.AsyncExitStack() as stack:
@@ -70,12 +70,11 @@ def build_worker(
     commit_delay: float = 0.0,
 ) -> Workers:
     """Wire workflows and activities for one task queue, and the evaluate worker on its evaluate queue."""
-    assert settings.secret_key
     queue = task_queue or settings.task_queue
-    box = SecretBox(settings.secret_key)
-    route = RouteActivities(WebhookStore(pool, box), DeliveryStore(pool), sandbox, commit_delay=commit_delay)
-    upkeep = UpkeepActivities(TodoStore(pool), EventStore(pool))
-    schedules = ScheduleActivities(ScheduleStore(pool))
+    stores = build_stores(pool, settings)
+    route = RouteActivities(stores.webhooks, stores.deliveries, sandbox, commit_delay=commit_delay)
+    upkeep = UpkeepActivities(stores.todos, stores.events)
+    schedules = ScheduleActivities(stores.schedules)
     main = Worker(
         client,
         task_queue=queue,
@@ -108,56 +107,55 @@ def build_worker(
         activities=[route.evaluate_rules],
         max_concurrent_activities=sandbox.slots if sandbox is not None else 1,
     )
-    return Workers(main, evaluate)
+    return Workers(main, evaluate, stores)
 
 
 @contextlib.asynccontextmanager
 async def running_worker(settings: Settings, *, commit_delay: float = 0.0) -> AsyncIterator[Workers]:
-    """Pools, sandbox, workers and inbox relay for the lifetime of the block."""
-    assert settings.database_url
-    pool = await open_pool(settings.database_url, max_size=settings.db_pool_max)
-    sandbox = make_sandbox(settings)
-    try:
-        client = await connect(settings)
-        await ensure_schedules(client, settings.task_queue)
-        workers = build_worker(client, pool, settings, sandbox=sandbox, commit_delay=commit_delay)
-        async with workers, running_relay(client, InboxStore(pool), settings):
+    """The worker role for the lifetime of the block: its resources, the workers, the inbox relay and the liveness
+    file. `switchboard worker` runs it, and so does an API process that hosts a worker."""
+    async with worker_resources(settings) as resources:
+        await ensure_schedules(resources.temporal, settings.task_queue)
+        workers = build_worker(
+            resources.temporal, resources.pool, settings, sandbox=resources.sandbox, commit_delay=commit_delay
+        )
+        async with (
+            workers,
+            running_relay(resources.temporal, workers.stores.inbox, settings),
+            _beating(settings.home / LIVENESS_FILE),
+        ):
             yield workers
-    finally:
-        await sandbox.close()
-        await pool.close()
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Run until stop is set (or forever)."""
-    import os
-
+    # Fault injection for the crash tests only (a pause before each commit); zero in production.
     delay = float(os.environ.get("SWITCHBOARD_FAULT_COMMIT_DELAY", "0") or 0)
     async with running_worker(settings, commit_delay=delay):
         log.info("worker polling task queues %s and %s", settings.task_queue, evaluate_task_queue(settings.task_queue))
-        beat = asyncio.create_task(_liveness(settings.home / LIVENESS_FILE))
-        try:
-            await (stop or asyncio.Event()).wait()
-        finally:
-            beat.cancel()
+        await (stop or asyncio.Event()).wait()
 
 
-LIVENESS_FILE = "worker.alive"
-LIVENESS_PERIOD = 10.0
-
-
-async def _liveness(path: Path) -> None:
+@contextlib.asynccontextmanager
+async def _beating(path: Path) -> AsyncIterator[None]:
     # Touched while the worker runs; `switchboard worker-health` (the container health check) reads its age.
-    await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
-    while True:
-        await asyncio.to_thread(path.touch)
-        await asyncio.sleep(LIVENESS_PERIOD)
+    async def beat() -> None:
+        await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+        while True:
+            await asyncio.to_thread(path.touch)
+            await asyncio.sleep(LIVENESS_PERIOD)
+
+    task = asyncio.create_task(beat(), name="worker-liveness")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def worker_is_alive(home: Path, max_age: float = 3 * LIVENESS_PERIOD) -> bool:
     """Whether a worker under this home touched its liveness file recently."""
-    import time
-
     try:
         return time.time() - (home / LIVENESS_FILE).stat().st_mtime < max_age
     except FileNotFoundError:

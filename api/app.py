@@ -8,30 +8,23 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from temporalio.client import Client
 
-from api import admin, ingest, stream
-from api.agent import agent_router
+from api import ingest, stream
 from api.clientaddr import ClientAddressMiddleware
-from api.deps import Services, services
+from api.deps import HealthPoolDep, Services, SettingsDep, TemporalDep
 from api.doorbell import run_doorbell
 from api.errors import install_error_handlers
 from api.mcp import McpSurface
 from api.middleware import AgentAuthMiddleware, BodyLimitMiddleware, RequestLogMiddleware
-from routing.sandbox import SandboxPool
-from store.db import open_pool
-from store.doorbell import DoorbellStore
+from api.surface import install_verb_routes
+from runtime.root import api_resources
 from switchboard.logs import install_masking
 from switchboard.settings import Settings
-from switchboard.temporal import connect
 
 log = logging.getLogger("switchboard.api")
-
-# Longer than a delivery's local wait used to be: a dry-run queued behind other callers' backtests (each event
-# at most the 250 ms budget) waits its turn rather than reporting sandbox_busy.
-RULE_TEST_WAIT = 10.0
 
 DESCRIPTION = """Switchboard turns webhook deliveries into durable, explainable work for AI agents.
 
@@ -42,7 +35,8 @@ DESCRIPTION = """Switchboard turns webhook deliveries into durable, explainable 
 
 
 def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI:
-    """Build the app; the lifespan opens the pool, the rule verbs' sandbox and (unless given) the Temporal client.
+    """Build the app; the lifespan gets the API role's resources from the composition root (runtime/root.py):
+    pools, stores, the rule verbs' sandbox and (unless given) a lazily connected Temporal client.
 
     The dry-run and backtest verbs, and every rule verb's save-time compile (libjq must never compile a rule in
     this process), get a sandbox pool of their own (SWITCHBOARD_RULE_TEST_SLOTS children), so they can never
@@ -58,34 +52,15 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
         assert settings.database_url, "SWITCHBOARD_DATABASE_URL is not set"
         settings.ensure_generated_secrets()
         install_masking([settings.admin_token, settings.secret_key])  # generated ones, too
-        pool = await open_pool(
-            settings.database_url, max_size=settings.db_pool_max, pool_timeout=settings.db_pool_timeout
-        )
-        # Lazy: the API comes up (and answers 503 on ingest) even while Temporal is unreachable.
-        client = temporal
-        if client is None and settings.temporal_address:
-            client = await connect(settings, lazy=True)
-        # Children start on the first dry-run; a verb waits up to RULE_TEST_WAIT for one before sandbox_busy.
-        rule_sandbox = SandboxPool(max_children=settings.rule_test_slots, acquire_timeout=RULE_TEST_WAIT)
-        app.state.services = Services.build(settings, pool, client, rule_sandbox=rule_sandbox)
-        # Its own connection, so /healthz answers in bounded time however busy the request pool is.
-        health_pool = await open_pool(
-            settings.database_url, max_size=1, min_size=1, pool_timeout=settings.health_timeout_seconds
-        )
-        app.state.services.extras["health_pool"] = health_pool
-        hub = app.state.services.doorbell
-        hub.watchers.append(mcp)  # a revoke closes the endpoint's MCP sessions too
-        try:
+        async with api_resources(settings, temporal=temporal) as resources:
+            app.state.services = services = Services.build(settings, resources)
+            services.doorbell.watchers.append(mcp)  # a revoke closes the endpoint's MCP sessions too
             async with (
-                run_doorbell(settings.database_url, hub, DoorbellStore(pool)) as listener,
+                run_doorbell(settings.database_url, services.doorbell, resources.stores.doorbell) as listener,
                 mcp.running(),
             ):
                 app.state.doorbell = listener
                 yield
-        finally:
-            await rule_sandbox.close()
-            await health_pool.close()
-            await pool.close()
 
     app = FastAPI(
         title="Switchboard",
@@ -95,24 +70,22 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
     )
     install_error_handlers(app)
     app.include_router(ingest.router)
-    app.include_router(agent_router())
+    install_verb_routes(app)
     app.include_router(stream.router)
     mcp.install(app)
-    app.include_router(admin.router)
 
     @app.get("/healthz", summary="Ready when PostgreSQL and Temporal answer.", tags=["health"])
-    async def healthz(request: Request) -> JSONResponse:
-        svc = services(request)
-        limit = svc.settings.health_timeout_seconds
+    async def healthz(settings: SettingsDep, health_pool: HealthPoolDep, client: TemporalDep) -> JSONResponse:
+        limit = settings.health_timeout_seconds
 
         async def postgres() -> None:
-            health_pool = svc.extras.get("health_pool", svc.pool)
             async with health_pool.connection(timeout=limit) as conn:
                 await conn.execute("SELECT 1")
 
         async def temporal() -> None:
-            assert svc.temporal is not None
-            if not await svc.temporal.service_client.check_health(timeout=timedelta(seconds=limit)):
+            if client is None:
+                raise RuntimeError("no Temporal address is configured")
+            if not await client.service_client.check_health(timeout=timedelta(seconds=limit)):
                 raise RuntimeError("Temporal reports unhealthy")
 
         async def check(probe: Callable[[], Awaitable[None]]) -> str:

@@ -1,22 +1,29 @@
-"""The services a request handler may use, built once in the app lifespan."""
+"""The services of one API process, built once in the app lifespan, and the typed dependencies routes declare."""
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Literal
 
-from fastapi import Request
+from fastapi import Depends, Request
 from temporalio.client import Client
 
 from api.admission import Admission
 from api.doorbell import DoorbellHub
 from api.ratelimit import KeyedLimits, TokenBuckets
 from routing.sandbox import SandboxPool
-from store.crypto import SecretBox
+from runtime.root import ApiResources
+from store.collectors import CollectorStore
 from store.db import Pool
+from store.errors import Unauthenticated
+from store.events import EventStore
 from store.identity import IdentityStore
 from store.inbox import InboxStore
+from store.models import Caller
+from store.routes import RouteStore
 from store.rules import RuleStore
+from store.schedules import ScheduleStore
 from store.todos import TodoStore
 from store.webhooks import WebhookStore
 from switchboard.settings import Settings
@@ -28,45 +35,52 @@ RateClass = Literal["agent", "authoring", "webhook_admin"]
 
 @dataclass
 class Services:
-    """Stores, clients and limiters shared by every request of one API process."""
+    """Stores, clients and limiters shared by every request of one API process (built by `Services.build`)."""
 
     settings: Settings
     pool: Pool
+    # Its own connection, so /healthz answers in bounded time however busy the request pool is.
+    health_pool: Pool
     temporal: Client | None
     identities: IdentityStore
     webhooks: WebhookStore
-    todos: TodoStore
     rules: RuleStore
+    routes: RouteStore
+    collectors: CollectorStore
+    todos: TodoStore
+    events: EventStore
+    schedules: ScheduleStore
     inbox: InboxStore
+    # The rule verbs' own sandbox (dry-run, backtest, save-time compiles); deliveries evaluate on the workers.
+    rule_sandbox: SandboxPool
     admission: Admission
     ingest_limits: TokenBuckets
     agent_limits: TokenBuckets
     authoring_limits: TokenBuckets
     webhook_admin_limits: TokenBuckets
-    extras: dict[str, Any] = field(default_factory=dict)
     doorbell: DoorbellHub = field(default_factory=DoorbellHub)
-    # The rule verbs' own sandbox (dry-run, backtest, save-time compiles); deliveries evaluate on the workers.
-    rule_sandbox: SandboxPool | None = None
     # One backtest at a time per caller: up to 200 evaluations each, they queue behind their own caller's.
     backtests: KeyedLimits = field(default_factory=lambda: KeyedLimits(1))
 
     @classmethod
-    def build(
-        cls, settings: Settings, pool: Pool, temporal: Client | None, *, rule_sandbox: SandboxPool | None = None
-    ) -> Services:
-        """Wire stores over one pool."""
-        assert settings.secret_key
-        box = SecretBox(settings.secret_key)
-        webhooks = WebhookStore(pool, box)
+    def build(cls, settings: Settings, resources: ApiResources) -> Services:
+        """The API process's services over the resources the composition root built (runtime/root.py)."""
+        stores = resources.stores
         return cls(
             settings=settings,
-            pool=pool,
-            temporal=temporal,
-            identities=IdentityStore(pool),
-            webhooks=webhooks,
-            todos=TodoStore(pool),
-            rules=RuleStore(pool, webhooks),
-            inbox=InboxStore(pool),
+            pool=resources.pool,
+            health_pool=resources.health_pool,
+            temporal=resources.temporal,
+            identities=stores.identities,
+            webhooks=stores.webhooks,
+            rules=stores.rules,
+            routes=stores.routes,
+            collectors=stores.collectors,
+            todos=stores.todos,
+            events=stores.events,
+            schedules=stores.schedules,
+            inbox=stores.inbox,
+            rule_sandbox=resources.rule_sandbox,
             admission=Admission(settings.ingest_max_inflight, settings.ingest_start_backoff_seconds),
             ingest_limits=TokenBuckets(settings.ingest_rate_per_second, settings.ingest_rate_burst),
             agent_limits=TokenBuckets(settings.agent_rate_per_second, settings.agent_rate_burst),
@@ -74,7 +88,6 @@ class Services:
             webhook_admin_limits=TokenBuckets(
                 settings.webhook_admin_rate_per_second, settings.webhook_admin_rate_burst
             ),
-            rule_sandbox=rule_sandbox,
         )
 
     def limits_for(self, rate_class: RateClass) -> TokenBuckets:
@@ -91,3 +104,99 @@ def services(request: Request) -> Services:
     svc = request.app.state.services
     assert isinstance(svc, Services)
     return svc
+
+
+# Typed dependencies (async, so FastAPI resolves them on the event loop, not in its thread pool). Each reads the
+# running app's Services at request time.
+
+
+async def get_services(request: Request) -> Services:
+    """The Services of the running app."""
+    return services(request)
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+async def get_settings(svc: ServicesDep) -> Settings:
+    """The process settings."""
+    return svc.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+async def get_caller(request: Request) -> Caller:
+    """The endpoint AgentAuthMiddleware resolved the bearer credential to."""
+    caller = getattr(request.state, "caller", None)
+    if not isinstance(caller, Caller):  # the middleware answers 401 first; this is a second lock
+        raise Unauthenticated("missing bearer credential")
+    return caller
+
+
+CallerDep = Annotated[Caller, Depends(get_caller)]
+
+
+async def get_webhooks(svc: ServicesDep) -> WebhookStore:
+    """The webhook store."""
+    return svc.webhooks
+
+
+WebhooksDep = Annotated[WebhookStore, Depends(get_webhooks)]
+
+
+async def get_inbox(svc: ServicesDep) -> InboxStore:
+    """The delivery inbox."""
+    return svc.inbox
+
+
+InboxDep = Annotated[InboxStore, Depends(get_inbox)]
+
+
+async def get_admission(svc: ServicesDep) -> Admission:
+    """Ingest admission (capacity and Temporal backoff)."""
+    return svc.admission
+
+
+AdmissionDep = Annotated[Admission, Depends(get_admission)]
+
+
+async def get_ingest_limits(svc: ServicesDep) -> TokenBuckets:
+    """The per-address ingest buckets."""
+    return svc.ingest_limits
+
+
+IngestLimitsDep = Annotated[TokenBuckets, Depends(get_ingest_limits)]
+
+
+async def get_temporal(svc: ServicesDep) -> Client | None:
+    """The Temporal client (None when no address is configured)."""
+    return svc.temporal
+
+
+TemporalDep = Annotated[Client | None, Depends(get_temporal)]
+
+
+async def get_health_pool(svc: ServicesDep) -> Pool:
+    """The one-connection pool of /healthz."""
+    return svc.health_pool
+
+
+HealthPoolDep = Annotated[Pool, Depends(get_health_pool)]
+
+
+async def get_doorbell(svc: ServicesDep) -> DoorbellHub:
+    """The doorbell hub of this process."""
+    return svc.doorbell
+
+
+DoorbellDep = Annotated[DoorbellHub, Depends(get_doorbell)]
+
+
+async def require_admin(request: Request, settings: SettingsDep) -> None:
+    """The admin token must match, compared in constant time."""
+    header = request.headers.get("authorization", "")
+    token = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    expected = settings.admin_token or ""
+    if not token or not expected or not hmac.compare_digest(token.encode(), expected.encode()):
+        raise Unauthenticated("admin token required")

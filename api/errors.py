@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,7 +18,13 @@ from switchboard.logs import mask_secrets
 log = logging.getLogger("switchboard.api")
 
 
-UNAVAILABLE_BODY = {"error": {"code": "unavailable", "message": "the database is unavailable, retry later"}}
+UNAVAILABLE_MESSAGE = "the database is unavailable, retry later"
+UNAVAILABLE_BODY = {"error": {"code": "unavailable", "message": UNAVAILABLE_MESSAGE}}
+
+
+def status_of(exc: DomainError) -> int:
+    """The HTTP status a domain error answers with (every surface reads it here)."""
+    return exc.status
 
 
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -24,13 +32,18 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
-def _validation_message(exc: RequestValidationError) -> str:
-    # Field locations and reasons only: never echo the submitted values, which may hold secrets.
+def validation_message(errors: Iterable[Any], whole: str) -> str:
+    """The invalid_argument message of a validation failure: field locations and reasons, never the values.
+
+    `whole` names the input itself (an error of the whole input has no field): "body" over HTTP, "arguments" for
+    an MCP tool.
+    """
+    # Never echo the submitted values, which may hold secrets.
     parts = []
-    for err in exc.errors()[:5]:
+    for err in list(errors)[:5]:
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts) or "invalid request"
+        parts.append(f"{loc or whole}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or f"invalid {whole}"
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -38,11 +51,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(DomainError)
     async def _domain(request: Request, exc: DomainError) -> JSONResponse:
-        return error_response(exc.status, exc.code, exc.message)
+        return error_response(status_of(exc), exc.code, exc.message)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(422, "invalid_argument", _validation_message(exc))
+        return error_response(422, "invalid_argument", validation_message(exc.errors(), "body"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

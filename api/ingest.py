@@ -12,10 +12,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from temporalio.client import WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError
 
+from api.admission import Admission
 from api.bodies import read_capped
-from api.deps import Services, services
+from api.deps import AdmissionDep, InboxDep, IngestLimitsDep, SettingsDep, TemporalDep, WebhooksDep
 from api.ratelimit import TokenBuckets, retry_after
 from routing.collectors import BrokenCollectorConfig, delivery_kind, stored_collector_config
 from routing.delivery import CommitResult, DeliveryInput
@@ -24,11 +25,12 @@ from routing.headers import lower_headers, sanitize_headers
 from routing.models import RESERVED_SOURCES, ingest_wait_seconds
 from routing.signatures import SOURCE_TYPES, MissingSecret, delivery_id, verify
 from routing.text import MAX_HEADER_VALUE_CHARS, clean_optional
+from runtime.starts import is_outage, start_delivery
 from store.db import UNAVAILABLE_ERRORS
-from store.inbox import InboxReason
+from store.inbox import InboxReason, InboxStore
 from store.models import IngestWebhook
+from store.webhooks import WebhookStore
 from switchboard.settings import Settings
-from switchboard.temporal import is_outage, start_delivery
 from workflows.route_delivery import workflow_id_for
 
 log = logging.getLogger("switchboard.ingest")
@@ -77,12 +79,19 @@ class _AddressGate:
     summary="Receive a webhook delivery.",
     responses={401: {}, 404: {}, 413: {}, 429: {}, 503: {}},
 )
-async def ingest(ingest_token: str, request: Request) -> JSONResponse:
-    svc = services(request)
-    settings = svc.settings
+async def ingest(
+    ingest_token: str,
+    request: Request,
+    settings: SettingsDep,
+    webhooks: WebhooksDep,
+    buckets: IngestLimitsDep,
+    inbox: InboxDep,
+    admission: AdmissionDep,
+    temporal: TemporalDep,
+) -> JSONResponse:
     # The real client address (api/clientaddr.py resolved X-Forwarded-For from trusted proxies only).
     client_ip = request.client.host if request.client else "unknown"
-    gate = _AddressGate(svc.ingest_limits, client_ip)
+    gate = _AddressGate(buckets, client_ip)
     body = await read_capped(request.receive, request.scope.get("headers", []), settings.ingest_body_max)
     if body is None:
         gate.buckets.spend(client_ip)
@@ -91,7 +100,7 @@ async def ingest(ingest_token: str, request: Request) -> JSONResponse:
     if not _TOKEN.match(ingest_token):
         return gate.refuse(404, "unknown webhook")
     try:
-        webhook = await _lookup(svc, ingest_token)
+        webhook = await _lookup(webhooks, settings, ingest_token)
     except _UNAVAILABLE:
         return _error(503, "storage is unavailable, retry later")
     if webhook is None or webhook.source_type in RESERVED_SOURCES:
@@ -155,7 +164,14 @@ async def ingest(ingest_token: str, request: Request) -> JSONResponse:
         evaluate_locally=settings.evaluate_locally,
         evaluate_queue_seconds=settings.evaluate_queue_seconds,
     )
-    return await start_and_wait(request, delivery, rate=webhook_rate(webhook, settings))
+    return await start_and_wait(
+        delivery,
+        settings=settings,
+        inbox=inbox,
+        admission=admission,
+        temporal=temporal,
+        rate=webhook_rate(webhook, settings),
+    )
 
 
 def _is_url_verification(payload: Any) -> bool:
@@ -166,10 +182,10 @@ def _is_url_verification(payload: Any) -> bool:
     )
 
 
-async def _lookup(svc: Services, token: str) -> IngestWebhook | None:
+async def _lookup(webhooks: WebhookStore, settings: Settings, token: str) -> IngestWebhook | None:
     # Bounded: with PostgreSQL down the producer hears 503 within about the pool timeout, not after a hang.
-    async with asyncio.timeout(svc.settings.db_pool_timeout + 0.25):
-        return await svc.webhooks.get_for_ingest(token)
+    async with asyncio.timeout(settings.db_pool_timeout + 0.25):
+        return await webhooks.get_for_ingest(token)
 
 
 def _pending(workflow_id: str) -> JSONResponse:
@@ -182,11 +198,13 @@ def webhook_rate(webhook: IngestWebhook, settings: Settings) -> float:
     return max(rate, 0.0)
 
 
-async def _to_inbox(svc: Services, workflow_id: str, delivery: DeliveryInput, reason: InboxReason) -> JSONResponse:
+async def _to_inbox(
+    inbox: InboxStore, settings: Settings, workflow_id: str, delivery: DeliveryInput, reason: InboxReason
+) -> JSONResponse:
     """Accept into the PostgreSQL inbox (one statement); 503 only when PostgreSQL cannot take it either."""
     try:
-        async with asyncio.timeout(svc.settings.db_pool_timeout + 0.25):
-            fresh = await svc.inbox.put(workflow_id, delivery, reason)
+        async with asyncio.timeout(settings.db_pool_timeout + 0.25):
+            fresh = await inbox.put(workflow_id, delivery, reason)
     except _UNAVAILABLE:
         log.exception("neither Temporal nor PostgreSQL could take a delivery", extra={"workflow_id": workflow_id})
         return _error(503, "routing is unavailable, retry later")
@@ -197,46 +215,52 @@ async def _to_inbox(svc: Services, workflow_id: str, delivery: DeliveryInput, re
     return _pending(workflow_id)
 
 
-async def start_and_wait(request: Request, delivery: DeliveryInput, *, rate: float = 0.0) -> JSONResponse:
+async def start_and_wait(
+    delivery: DeliveryInput,
+    *,
+    settings: Settings,
+    inbox: InboxStore,
+    admission: Admission,
+    temporal: Client | None,
+    rate: float = 0.0,
+) -> JSONResponse:
     """Start (or join) the delivery's workflow and answer inside the producer's window: its result, or pending.
 
     Accept first: when Temporal does not take the start in time, when this process is past its capacity, or
     when the webhook's pace defers the delivery, it is written to the inbox and answered `202 pending`; a relay
     starts it later under the same workflow id.
     """
-    svc = services(request)
-    settings = svc.settings
     deadline = time.monotonic() + ingest_wait_seconds(delivery.source, settings.ingest_wait_seconds)
     workflow_id = workflow_id_for(delivery.webhook_id, delivery.external_id)
     if rate > 0:
         try:
             async with asyncio.timeout(settings.db_pool_timeout + 0.25):
-                deferred = await svc.inbox.pace(workflow_id, delivery, rate=rate, burst=settings.webhook_rate_burst)
+                deferred = await inbox.pace(workflow_id, delivery, rate=rate, burst=settings.webhook_rate_burst)
         except _UNAVAILABLE:
             return _error(503, "routing is unavailable, retry later")
         if deferred:
             log.info("delivery paced into the inbox", extra={"workflow_id": workflow_id, "rate": rate})
             return _pending(workflow_id)
-    reason = svc.admission.diversion() if svc.temporal is not None else "temporal_unavailable"
+    reason = admission.diversion() if temporal is not None else "temporal_unavailable"
     if reason is not None:
-        return await _to_inbox(svc, workflow_id, delivery, reason)
-    assert svc.temporal is not None
-    with svc.admission.slot():
+        return await _to_inbox(inbox, settings, workflow_id, delivery, reason)
+    assert temporal is not None
+    with admission.slot():
         try:
             async with asyncio.timeout(
                 max(min(settings.temporal_start_timeout_seconds, deadline - time.monotonic()), 0)
             ):
-                handle, started = await start_delivery(svc.temporal, delivery, settings)
+                handle, started = await start_delivery(temporal, delivery, settings)
         except Exception as exc:
             # Possibly taken after all (a frozen server answers late): the relay's start then joins that run.
             if is_outage(exc):
-                svc.admission.start_failed()
+                admission.start_failed()
             log.warning(
                 "Temporal did not take the start in time",
                 extra={"workflow_id": workflow_id, "error": f"{type(exc).__name__}: {exc}"[:300]},
             )
-            return await _to_inbox(svc, workflow_id, delivery, "temporal_unavailable")
-        svc.admission.start_ok()
+            return await _to_inbox(inbox, settings, workflow_id, delivery, "temporal_unavailable")
+        admission.start_ok()
         try:
             result = await asyncio.wait_for(handle.result(), timeout=max(deadline - time.monotonic(), 0))
         except TimeoutError:

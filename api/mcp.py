@@ -3,7 +3,8 @@
 Authentication happens before this app runs: AgentAuthMiddleware resolves the bearer credential of every
 /mcp request (401 otherwise) and puts the Caller into the ASGI scope, so a revoked credential loses its
 session on its next request. Each session is bound to the endpoint that opened it (the SDK refuses a
-session id presented by another endpoint). A tool call runs the same handler as `POST /v1/{verb}`.
+session id presented by another endpoint). A tool call runs through the same pipeline as `POST /v1/{verb}`
+(api/dispatch.py: allowlist, rate class, validation, handler, error code).
 
 Sessions are stateful: when a session opens its standalone GET stream, that stream becomes one of the
 endpoint's doorbell subscribers, and rings reach it as `notifications/claude/channel`. Revoking the endpoint
@@ -28,18 +29,16 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from api.deps import Services
+from api.deps import Services, services
+from api.dispatch import Refusal, dispatch
 from api.doorbell import StreamClosed
 from api.middleware import send_json
-from api.ratelimit import retry_after
 from api.verbs import REGISTRY
-from api.verbs.registry import Context
 from routing.text import clean_text
 from store.errors import DomainError
 from store.models import Caller
@@ -63,15 +62,6 @@ def _error(code: str, message: str, **extra: Any) -> types.CallToolResult:
     return types.CallToolResult(
         content=[types.TextContent(text=json.dumps(body))], structured_content=body, is_error=True
     )
-
-
-def _validation_message(exc: ValidationError) -> str:
-    # Field locations and reasons only: never echo submitted values, which may hold secrets.
-    parts = []
-    for err in exc.errors(include_input=False)[:5]:
-        loc = ".".join(str(p) for p in err.get("loc", ()))
-        parts.append(f"{loc or 'arguments'}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts) or "invalid arguments"
 
 
 def _tool(name: str) -> types.Tool:
@@ -118,9 +108,7 @@ def _caller(ctx: ToolContext) -> Caller:
 def _services(ctx: ToolContext) -> Services:
     request = ctx.request
     assert isinstance(request, Request)
-    svc = request.app.state.services
-    assert isinstance(svc, Services)
-    return svc
+    return services(request)
 
 
 class McpSurface:
@@ -159,24 +147,14 @@ class McpSurface:
         verb = REGISTRY.get(params.name)
         if verb is None:
             return _error("not_found", f"unknown tool {clean_text(params.name[:100])}")
-        if verb.name not in caller.scope_verbs:
-            return _error("forbidden", f"verb {verb.name} is not in this endpoint's allowlist")
-        svc = _services(ctx)
-        wait = svc.limits_for(verb.rate_class).take(caller.endpoint_id)
-        if wait:
-            after = int(retry_after(wait))
-            return _error("rate_limited", f"rate limit exceeded; retry after {after}s", retry_after=after)
         try:
-            data = verb.input.model_validate(params.arguments or {})
-        except ValidationError as exc:
-            return _error("invalid_argument", _validation_message(exc))
-        try:
-            result: BaseModel = await verb.handler(Context(caller=caller, services=svc), data)
-        except DomainError as exc:
-            return _error(exc.code, exc.message)
-        except Exception:
-            log.exception("tool %s failed", verb.name)
-            return _error("internal", "internal error")
+            result = await dispatch(verb, _services(ctx), caller, params.arguments or {}, whole="arguments")
+        except Refusal as refusal:
+            if refusal.retry_after is not None:
+                # A tool result has no headers: the wait is in the message and in a field of the error.
+                after = int(refusal.retry_after)
+                return _error(refusal.code, f"{refusal.message}; retry after {after}s", retry_after=after)
+            return _error(refusal.code, refusal.message)
         out = result.model_dump(mode="json")
         return types.CallToolResult(content=[types.TextContent(text=json.dumps(out))], structured_content=out)
 

@@ -13,8 +13,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.bodies import read_capped
 from api.deps import Services
+from api.dispatch import Refusal, admit
 from api.errors import UNAVAILABLE_BODY
-from api.ratelimit import retry_after
 from api.verbs import REGISTRY
 from store.db import UNAVAILABLE_ERRORS
 from store.errors import Unauthenticated
@@ -148,7 +148,7 @@ class BodyLimitMiddleware:
 
 
 class AgentAuthMiddleware:
-    """Resolves the bearer credential for agent routes before any body is parsed; verb allowlist and rate limit."""
+    """Resolves the bearer credential of agent routes (/v1/, /mcp) before any body is parsed."""
 
     def __init__(self, app: ASGIApp, prefixes: tuple[str, ...] = ("/v1/", "/mcp")) -> None:
         self.app = app
@@ -188,28 +188,15 @@ class AgentAuthMiddleware:
         except UNAVAILABLE_ERRORS:
             await send_json(send, 503, UNAVAILABLE_BODY)
             return
-        if path.startswith("/v1/"):
-            name = path[len("/v1/") :]
-            verb = REGISTRY.get(name)
-            if verb is not None and name not in caller.scope_verbs:
+        if path.startswith("/v1/") and path[len("/v1/") :] not in REGISTRY:
+            # Verbs are admitted (allowlist, rate class) by the dispatch they share with MCP; any other agent path
+            # (the doorbell stream, an unknown name) spends from the "agent" bucket here, at the door.
+            try:
+                admit(services, caller, None)
+            except Refusal as refusal:
+                headers = [(b"retry-after", refusal.retry_after.encode())] if refusal.retry_after else []
                 await send_json(
-                    send,
-                    403,
-                    {
-                        "error": {
-                            "code": "forbidden",
-                            "message": f"verb {name} is not in this endpoint's allowlist",
-                        }
-                    },
-                )
-                return
-            wait = services.limits_for(verb.rate_class if verb is not None else "agent").take(caller.endpoint_id)
-            if wait:
-                await send_json(
-                    send,
-                    429,
-                    {"error": {"code": "rate_limited", "message": "rate limit exceeded"}},
-                    [(b"retry-after", retry_after(wait).encode())],
+                    send, refusal.status, {"error": {"code": refusal.code, "message": refusal.message}}, headers
                 )
                 return
         scope.setdefault("state", {})["caller"] = caller

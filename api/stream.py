@@ -12,15 +12,14 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from api.deps import services
+from api.deps import CallerDep, DoorbellDep
 from api.doorbell import StreamClosed
-from api.verbs import REGISTRY
-from store.models import Caller
+from api.verbs import VERBS
 
-if "stream" in REGISTRY:  # pragma: no cover - a programming error caught at import
+if "stream" in VERBS:  # pragma: no cover - a programming error caught at import
     raise RuntimeError("a verb named 'stream' would shadow GET /v1/stream")
 
 HEARTBEAT_SECONDS = 15.0
@@ -35,11 +34,8 @@ router = APIRouter(prefix="/v1", tags=["doorbell"])
     response_class=EventSourceResponse,
     openapi_extra={"security": [{"bearer": []}]},
 )
-async def stream(request: Request) -> EventSourceResponse:
+async def stream(caller: CallerDep, hub: DoorbellDep) -> EventSourceResponse:
     """New-todo doorbell as server-sent events (`event: todo`), heartbeat comments every 15 s."""
-    caller = request.state.caller
-    assert isinstance(caller, Caller)
-    hub = services(request).doorbell
     heartbeat = HEARTBEAT_SECONDS
 
     async def events() -> AsyncIterator[ServerSentEvent]:

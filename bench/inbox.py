@@ -26,12 +26,12 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from api.app import create_app
+from cli.embedded import search_attribute_args, start_postgres, temporal_cli
 from routing.delivery import DeliveryInput
 from routing.signatures import sign_github
+from runtime.relay import InboxRelay
 from store.db import migrate, open_pool
 from store.inbox import InboxStore
-from switchboard.embedded import search_attribute_args, start_postgres, temporal_cli
-from switchboard.relay import InboxRelay
 from switchboard.settings import Settings
 from workflows.route_delivery import workflow_id_for
 

@@ -1,41 +1,11 @@
-"""Temporal client construction and the schedules Switchboard keeps in the namespace."""
+"""The Temporal connection: one client construction, with the pydantic data converter every process shares."""
 
 from __future__ import annotations
 
-import logging
-from datetime import timedelta
-from typing import Any
-
-from temporalio.client import (
-    Client,
-    Schedule,
-    ScheduleActionStartWorkflow,
-    ScheduleAlreadyRunningError,
-    ScheduleIntervalSpec,
-    ScheduleOverlapPolicy,
-    SchedulePolicy,
-    ScheduleSpec,
-    WorkflowHandle,
-)
-from temporalio.common import (
-    SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
-)
+from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.service import RPCError, RPCStatusCode
 
-from activities.models import UpkeepInput
-from routing.delivery import CommitResult, DeliveryInput
 from switchboard.settings import Settings
-from workflows import search
-from workflows.route_delivery import RouteDelivery, workflow_id_for
-
-log = logging.getLogger("switchboard.temporal")
-
-REAPER_SCHEDULE_ID = "switchboard-reaper"
-RETENTION_SCHEDULE_ID = "switchboard-retention"
 
 
 async def connect(settings: Settings, address: str | None = None, *, lazy: bool = False) -> Client:
@@ -46,99 +16,3 @@ async def connect(settings: Settings, address: str | None = None, *, lazy: bool 
     return await Client.connect(
         target, namespace=settings.temporal_namespace, data_converter=pydantic_data_converter, lazy=lazy
     )
-
-
-def schedule_ids(task_queue: str) -> dict[str, str]:
-    """The schedule id of each upkeep workflow for one task queue."""
-    return {
-        "ReapTodos": f"{REAPER_SCHEDULE_ID}-{task_queue}",
-        "PruneRetention": f"{RETENTION_SCHEDULE_ID}-{task_queue}",
-    }
-
-
-async def ensure_schedules(client: Client, task_queue: str) -> None:
-    """Create the upkeep schedules once; an existing schedule is left as the operator configured it."""
-    ids = schedule_ids(task_queue)
-    schedules = {
-        # Lease reaper and due retries.
-        ids["ReapTodos"]: Schedule(
-            action=ScheduleActionStartWorkflow(
-                "ReapTodos", UpkeepInput(), id=f"{ids['ReapTodos']}-run", task_queue=task_queue
-            ),
-            spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(seconds=30))]),
-            policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=timedelta(minutes=1)),
-        ),
-        # Retention: events and terminal todos past 30 days.
-        ids["PruneRetention"]: Schedule(
-            action=ScheduleActionStartWorkflow(
-                "PruneRetention", UpkeepInput(), id=f"{ids['PruneRetention']}-run", task_queue=task_queue
-            ),
-            spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(hours=1))]),
-            policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=timedelta(hours=1)),
-        ),
-    }
-    for schedule_id, schedule in schedules.items():
-        try:
-            await client.create_schedule(schedule_id, schedule)
-            log.info("created schedule %s", schedule_id)
-        except ScheduleAlreadyRunningError:
-            pass
-
-
-async def start_delivery(
-    client: Client, delivery: DeliveryInput, settings: Settings, *, task_queue: str | None = None
-) -> tuple[WorkflowHandle[Any, CommitResult], bool]:
-    """Start (or join) a delivery's RouteDelivery run; True when this call started the run.
-
-    The receiver and the inbox relay both start through here: same workflow id, USE_EXISTING, so a producer's
-    retry and the relay join one run instead of doubling.
-    """
-    attrs: list[Any] = [
-        SearchAttributePair(search.WEBHOOK_ID, delivery.webhook_id),
-        SearchAttributePair(search.SOURCE, delivery.source),
-    ]
-    if delivery.kind:
-        attrs.append(SearchAttributePair(search.KIND, delivery.kind[:256]))
-    handle = await client.start_workflow(
-        RouteDelivery.run,
-        delivery,
-        id=workflow_id_for(delivery.webhook_id, delivery.external_id),
-        task_queue=task_queue or settings.task_queue,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        search_attributes=TypedSearchAttributes(attrs),
-        rpc_timeout=timedelta(seconds=settings.temporal_start_timeout_seconds),
-        # Taken only when this process also hosts a worker on the task queue (switchboard dev / api, the relay).
-        request_eager_start=settings.eager_start,
-    )
-    return handle, started_run(handle)
-
-
-def started_run(handle: WorkflowHandle[Any, Any]) -> bool:
-    """Whether the start that returned this handle created the run (False: it joined a running one).
-
-    The SDK keeps the StartWorkflowExecution response on the handle but exposes no accessor for its `started`
-    flag; tests/api/test_inbox.py pins this, so an SDK change fails there rather than in production.
-    """
-    response = getattr(handle, "_start_workflow_response", None)
-    return bool(getattr(response, "started", True))
-
-
-# Temporal itself is not answering (as opposed to refusing one start).
-_OUTAGE_CODES = frozenset(
-    {
-        RPCStatusCode.UNAVAILABLE,
-        RPCStatusCode.DEADLINE_EXCEEDED,
-        RPCStatusCode.CANCELLED,
-        RPCStatusCode.RESOURCE_EXHAUSTED,
-        RPCStatusCode.UNKNOWN,
-    }
-)
-
-
-def is_outage(exc: BaseException) -> bool:
-    """Whether a failed start means Temporal is unreachable or overloaded, rather than refusing this start."""
-    if isinstance(exc, RPCError):
-        return exc.status in _OUTAGE_CODES
-    # Timeouts, and a lazy client that cannot connect (RuntimeError from the bridge).
-    return isinstance(exc, (TimeoutError, RuntimeError, ConnectionError, OSError))

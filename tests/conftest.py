@@ -18,8 +18,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from api.app import create_app
+from cli.embedded import dev_server_args, start_postgres, temporal_cli
 from store.db import migrate, open_pool
-from switchboard.embedded import dev_server_args, start_postgres, temporal_cli
 from switchboard.settings import Settings
 from worker import build_worker
 
@@ -217,7 +217,7 @@ async def serving(app: Any) -> AsyncIterator[str]:
 
     import uvicorn
 
-    from switchboard.dev import server_config
+    from cli.dev import server_config
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from switchboard.embedded import TEMPORAL_DYNAMIC_CONFIG, dev_server_args
+from cli.embedded import TEMPORAL_DYNAMIC_CONFIG, dev_server_args
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from switchboard.cli import main
+from cli.main import main
 from worker import LIVENESS_FILE, worker_is_alive
 
 

@@ -1,8 +1,8 @@
-"""Agent verbs: importing this package registers every verb in the registry."""
+"""The verbs: importing this package registers every verb (agent and admin) in the one table."""
 
 from __future__ import annotations
 
-from api.verbs import collectors, events, identity, routes, rules, schedules, todos, webhooks  # noqa: F401  (registration)
-from api.verbs.registry import REGISTRY, Verb
+from api.verbs import admin, collectors, events, identity, routes, rules, schedules, todos, webhooks  # noqa: F401  (registration)
+from api.verbs.registry import ADMIN_VERBS, REGISTRY, VERBS, Verb
 
-__all__ = ["REGISTRY", "Verb"]
+__all__ = ["ADMIN_VERBS", "REGISTRY", "VERBS", "Verb"]

@@ -8,7 +8,6 @@ from pydantic import BaseModel, Field
 
 from api.verbs.registry import Context, VerbInput, verb
 from routing.collectors import CollectorConfig
-from store.collectors import CollectorStore
 
 
 class ConfigureWebhookInput(VerbInput):
@@ -41,6 +40,7 @@ class ConfigureWebhookOutput(BaseModel):
     rate_class="authoring",
 )
 async def configure_webhook(ctx: Context, data: ConfigureWebhookInput) -> ConfigureWebhookOutput:
-    store = CollectorStore(ctx.services.pool, ctx.services.webhooks.box)
-    done = await store.configure(ctx.caller, data.webhook_id, data.collector, rotate_secret=data.rotate_hmac_secret)
+    done = await ctx.services.collectors.configure(
+        ctx.caller, data.webhook_id, data.collector, rotate_secret=data.rotate_hmac_secret
+    )
     return ConfigureWebhookOutput.model_validate(done)

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from api.verbs.registry import Context, VerbInput, verb
-from store.events import EventDetail, EventStore, EventSummary
+from store.events import EventDetail, EventSummary
 
 Disposition = Literal["routed", "dropped", "repeat", "faulted"]
 
@@ -53,10 +53,6 @@ class EventDetailOut(EventOut):
     payload_encoding: Literal["json", "text", "base64"]
 
 
-def _store(ctx: Context) -> EventStore:
-    return EventStore(ctx.services.pool)
-
-
 def _summary(e: EventSummary) -> EventOut:
     return EventOut.model_validate(e.model_dump())
 
@@ -69,7 +65,7 @@ def _summary(e: EventSummary) -> EventOut:
     summary="Events on your human's webhooks, newest first, with their routing traces; pages by cursor.",
 )
 async def list_webhook_events(ctx: Context, data: ListEventsInput) -> ListEventsOutput:
-    page = await _store(ctx).list(
+    page = await ctx.services.events.list(
         ctx.caller,
         webhook_id=data.webhook_id,
         kind=data.kind,
@@ -90,5 +86,5 @@ async def list_webhook_events(ctx: Context, data: ListEventsInput) -> ListEvents
     summary="One event: summary, sanitized headers, payload and routing trace.",
 )
 async def get_webhook_event(ctx: Context, data: GetEventInput) -> EventDetailOut:
-    found: EventDetail = await _store(ctx).get(ctx.caller, data.event_id)
+    found: EventDetail = await ctx.services.events.get(ctx.caller, data.event_id)
     return EventDetailOut.model_validate(found.model_dump())

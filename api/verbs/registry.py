@@ -1,16 +1,23 @@
-"""The one verb registry: name, input and output models, family, handler. HTTP, MCP and docs read it."""
+"""The one verb table: name, surface, input and output models, family, handler, and an admin verb's CLI command.
+
+Every surface reads it: agent verbs become `POST /v1/{verb}`, MCP tools and endpoint allowlists; admin verbs
+become `POST /admin/v1/{verb}` and `switchboard GROUP ACTION` commands; both become OpenAPI operations. A verb
+is on exactly one surface, so an admin verb is never a tool and never in an endpoint's scope.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from api.deps import RateClass, Services
 from routing.text import unstorable_field
 from store.models import Caller
+
+Surface = Literal["agent", "admin"]
 
 
 class VerbInput(BaseModel):
@@ -31,18 +38,53 @@ class VerbInput(BaseModel):
 
 @dataclass(frozen=True)
 class Context:
-    """What a verb handler gets besides its input."""
+    """What an agent verb's handler gets besides its input: the calling endpoint and the process's services."""
 
     caller: Caller
     services: Services
 
 
-Handler = Callable[[Context, Any], Awaitable[BaseModel]]
+@dataclass(frozen=True)
+class AdminContext:
+    """What an admin verb's handler gets besides its input (the operator holds the admin token, not a scope)."""
+
+    services: Services
+
+
+@dataclass(frozen=True)
+class CliArg:
+    """One command-line argument of an admin verb's command; it fills the input field of the same name."""
+
+    field: str
+    flag: str | None = None
+    """`--human` style; None for a positional argument."""
+    help: str | None = None
+    type: Callable[[str], Any] | None = None
+    default: Any = None
+    required: bool = False
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+
+
+@dataclass(frozen=True)
+class CliCommand:
+    """`switchboard GROUP ACTION …`: calls one admin verb over /admin/v1 and prints its answer."""
+
+    group: str
+    group_help: str
+    action: str
+    help: str
+    args: tuple[CliArg, ...] = ()
+    complete: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    """Turns the parsed arguments into the verb's input where the command's shorthand differs from it."""
+
+
+Handler = Callable[[Any, Any], Awaitable[BaseModel]]
 
 
 @dataclass(frozen=True)
 class Verb:
-    """One agent verb."""
+    """One verb of one surface."""
 
     name: str
     input: type[BaseModel]
@@ -51,11 +93,47 @@ class Verb:
     summary: str
     handler: Handler
     rate_class: RateClass = "agent"
+    """The per-endpoint bucket an agent verb spends (admin verbs have no endpoint and spend none)."""
+    surface: Surface = "agent"
+    cli: CliCommand | None = None
 
 
-REGISTRY: dict[str, Verb] = {}
+VERBS: dict[str, Verb] = {}
+"""The table: every verb of every surface, in registration order, in one namespace."""
 
-F = TypeVar("F", bound=Handler)
+
+class SurfaceVerbs(Mapping[str, Verb]):
+    """The verbs of one surface: a live, read-only view of the table."""
+
+    def __init__(self, surface: Surface) -> None:
+        self.surface = surface
+
+    def __getitem__(self, name: str) -> Verb:
+        found = VERBS[name]
+        if found.surface != self.surface:
+            raise KeyError(name)
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, v in VERBS.items() if v.surface == self.surface)
+
+    def __len__(self) -> int:
+        return sum(1 for v in VERBS.values() if v.surface == self.surface)
+
+
+REGISTRY: Mapping[str, Verb] = SurfaceVerbs("agent")
+"""Agent verbs: `/v1/{verb}`, MCP tools, the names an endpoint's scope may hold."""
+ADMIN_VERBS: Mapping[str, Verb] = SurfaceVerbs("admin")
+"""Operator verbs: `/admin/v1/{verb}` behind the admin token, and the CLI's operator commands."""
+
+AgentHandler = TypeVar("AgentHandler", bound=Callable[[Context, Any], Awaitable[BaseModel]])
+AdminHandler = TypeVar("AdminHandler", bound=Callable[[AdminContext, Any], Awaitable[BaseModel]])
+
+
+def _register(entry: Verb) -> None:
+    if entry.name in VERBS:
+        raise ValueError(f"verb {entry.name} registered twice")
+    VERBS[entry.name] = entry
 
 
 def verb(
@@ -66,13 +144,28 @@ def verb(
     family: str,
     summary: str,
     rate_class: RateClass = "agent",
-) -> Callable[[F], F]:
-    """Register a handler as a verb; adding a verb is this one decorator."""
+) -> Callable[[AgentHandler], AgentHandler]:
+    """Register a handler as an agent verb; adding a verb is this one decorator."""
 
-    def register(fn: F) -> F:
-        if name in REGISTRY:
-            raise ValueError(f"verb {name} registered twice")
-        REGISTRY[name] = Verb(name, input, output, family, summary, fn, rate_class)
+    def register(fn: AgentHandler) -> AgentHandler:
+        _register(Verb(name, input, output, family, summary, fn, rate_class))
+        return fn
+
+    return register
+
+
+def admin_verb(
+    name: str,
+    *,
+    input: type[BaseModel],
+    output: type[BaseModel],
+    summary: str,
+    cli: CliCommand,
+) -> Callable[[AdminHandler], AdminHandler]:
+    """Register a handler as an admin verb with its CLI command; adding one is this one decorator."""
+
+    def register(fn: AdminHandler) -> AdminHandler:
+        _register(Verb(name, input, output, "admin", summary, fn, surface="admin", cli=cli))
         return fn
 
     return register

@@ -8,7 +8,6 @@ from typing import Annotated
 from pydantic import BaseModel, Field
 
 from api.verbs.registry import Context, VerbInput, verb
-from store.routes import RouteStore
 
 # Ids are free text up to a bound: a malformed id must meet the same refusal as an unknown one, so the shape
 # is not validated here beyond its length.
@@ -43,10 +42,6 @@ class ListRoutesOutput(BaseModel):
     routes: list[RouteOut]
 
 
-def _store(ctx: Context) -> RouteStore:
-    return RouteStore(ctx.services.pool)
-
-
 @verb(
     "add_webhook_route",
     input=RouteInput,
@@ -56,7 +51,7 @@ def _store(ctx: Context) -> RouteStore:
     rate_class="authoring",
 )
 async def add_webhook_route(ctx: Context, data: RouteInput) -> RouteChangeOutput:
-    done = await _store(ctx).add(ctx.caller, data.webhook_id, data.target_endpoint_id)
+    done = await ctx.services.routes.add(ctx.caller, data.webhook_id, data.target_endpoint_id)
     return RouteChangeOutput.model_validate(done.model_dump())
 
 
@@ -68,7 +63,7 @@ async def add_webhook_route(ctx: Context, data: RouteInput) -> RouteChangeOutput
     summary="A webhook's fan-out set: the owning endpoint first, then every route in target order.",
 )
 async def list_webhook_routes(ctx: Context, data: ListRoutesInput) -> ListRoutesOutput:
-    rows = await _store(ctx).list(ctx.caller, data.webhook_id)
+    rows = await ctx.services.routes.list(ctx.caller, data.webhook_id)
     return ListRoutesOutput(webhook_id=data.webhook_id, routes=[RouteOut.model_validate(r.model_dump()) for r in rows])
 
 
@@ -81,5 +76,5 @@ async def list_webhook_routes(ctx: Context, data: ListRoutesInput) -> ListRoutes
     rate_class="authoring",
 )
 async def remove_webhook_route(ctx: Context, data: RouteInput) -> RouteChangeOutput:
-    done = await _store(ctx).remove(ctx.caller, data.webhook_id, data.target_endpoint_id)
+    done = await ctx.services.routes.remove(ctx.caller, data.webhook_id, data.target_endpoint_id)
     return RouteChangeOutput.model_validate(done.model_dump())

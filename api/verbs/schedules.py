@@ -28,7 +28,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.schedules import FireInput
 from api.verbs.registry import Context, VerbInput, verb
 from store.errors import DomainError, InvalidArgument
-from store.schedules import SCHEDULE_SOURCE, ScheduleRow, ScheduleStore
+from store.schedules import SCHEDULE_SOURCE, ScheduleRow
 from workflows import search
 
 log = logging.getLogger("switchboard.schedules")
@@ -183,7 +183,7 @@ def _client(ctx: Context) -> Client:
 )
 async def create_schedule(ctx: Context, data: CreateScheduleInput) -> ScheduleOut:
     client = _client(ctx)
-    store = ScheduleStore(ctx.services.pool)
+    store = ctx.services.schedules
     row = await store.create(
         ctx.caller,
         webhook_id=data.webhook_id,
@@ -215,7 +215,7 @@ async def create_schedule(ctx: Context, data: CreateScheduleInput) -> ScheduleOu
     summary="This endpoint's schedules, with each one's fire count and last event.",
 )
 async def list_schedules(ctx: Context, data: ListSchedulesInput) -> ListSchedulesOutput:
-    rows = await ScheduleStore(ctx.services.pool).list(ctx.caller)
+    rows = await ctx.services.schedules.list(ctx.caller)
     return ListSchedulesOutput(schedules=[_out(r) for r in rows])
 
 
@@ -229,7 +229,7 @@ async def list_schedules(ctx: Context, data: ListSchedulesInput) -> ListSchedule
 )
 async def delete_schedule(ctx: Context, data: DeleteScheduleInput) -> DeleteScheduleOutput:
     client = _client(ctx)
-    store = ScheduleStore(ctx.services.pool)
+    store = ctx.services.schedules
     row = await store.owned(ctx.caller, data.schedule_id)
     # Temporal first: if it is unreachable the row stays and a retry finishes the job.
     try:

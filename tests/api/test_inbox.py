@@ -20,13 +20,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from api.app import create_app
+from cli.embedded import search_attribute_args, start_postgres, temporal_cli
 from routing.delivery import CommitResult
 from routing.signatures import sign_slack
+from runtime.relay import InboxRelay, running_relay
+from runtime.starts import start_delivery
 from store.db import migrate
 from store.inbox import InboxStore
-from switchboard.embedded import search_attribute_args, start_postgres, temporal_cli
-from switchboard.relay import InboxRelay, running_relay
-from switchboard.temporal import start_delivery
 from tests.conftest import Stack, make_settings, running_stack
 from tests.helpers import issue_payload, post_github, token_of
 
@@ -342,7 +342,7 @@ async def test_a_worker_process_relays_the_inbox(stack: Stack, temporal_env: Wor
         "SWITCHBOARD_HOME": str(stack.settings.home.parent / "relay-worker"),
     }
     # `switchboard worker` as its own OS process: its relay, not this test's, drains the inbox.
-    proc = subprocess.Popen([sys.executable, "-m", "switchboard.cli", "worker"], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker"], env=env)
     try:
         await eventually(lambda: count(stack, "events") == 3 and count(stack, "delivery_inbox") == 0, timeout=90)
     finally:

@@ -17,9 +17,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
+from cli.embedded import dev_server_args, temporal_cli
 from routing.delivery import CommitResult
 from store.db import open_pool
-from switchboard.embedded import dev_server_args, temporal_cli
 from tests.conftest import Stack, running_stack
 from tests.helpers import eventually, issue_payload, post_github
 from worker import build_worker
@@ -67,7 +67,7 @@ async def test_worker_killed_mid_delivery_still_ends_with_exactly_one_todo(
             "SWITCHBOARD_HOME": str(tmp_path / "worker-home"),
             "SWITCHBOARD_FAULT_COMMIT_DELAY": "60",
         }
-        proc = subprocess.Popen([sys.executable, "-m", "switchboard.cli", "worker"], env=env, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker"], env=env, start_new_session=True)
         try:
             resp = await post_github(stack.http, webhook, issue_payload(), delivery="crash-1")
             assert resp.status_code == 202 and resp.json()["pending"] is True

@@ -17,7 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from activities.models import UpkeepInput, UpkeepResult
-from switchboard.temporal import ensure_schedules, schedule_ids
+from runtime.schedules import ensure_schedules, schedule_ids
 from tests.conftest import Stack, make_settings
 from worker import running_worker
 from workflows.upkeep import PruneRetention, ReapTodos

