@@ -40,7 +40,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 # The whole project (see .dockerignore), then the project itself, editable, without touching the deps.
 COPY . .
 RUN pip install --no-deps -e . \
- && python -m compileall -q routing store activities workflows api switchboard \
+ && python -m compileall -q routing store activities workflows api runtime switchboard cli worker.py \
  && test -d /app/migrations \
  && switchboard --help > /dev/null
 

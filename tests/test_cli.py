@@ -1,0 +1,68 @@
+"""The operator commands come from the verb table: one command per admin verb, building that verb's input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import cli.main
+from api.verbs import ADMIN_VERBS, REGISTRY
+from switchboard.settings import Settings
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def run(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[str, dict[str, Any]]:
+    sent: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(cli.main, "_admin", lambda settings, verb, body: sent.append((verb, body)) or 0)
+    args = cli.main.build_parser().parse_args(list(argv))
+    assert args.fn(Settings(), args) == 0
+    [(verb, body)] = sent
+    ADMIN_VERBS[verb].input.model_validate(body)  # what the command sends is the verb's input
+    return verb, body
+
+
+def test_operator_commands_send_their_verbs_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run(monkeypatch, "human", "create", "--name", "joe") == ("create_human", {"name": "joe"})
+    assert run(monkeypatch, "agent", "create", "--human", "hu_1", "--name", "bot") == (
+        "create_agent",
+        {"human_id": "hu_1", "name": "bot"},
+    )
+    assert run(monkeypatch, "endpoint", "vend", "--agent", "ag_1", "--queues", "a, b") == (
+        "vend_endpoint",
+        {
+            "agent_id": "ag_1",
+            "queues": ["a", "b"],
+            "verbs": list(REGISTRY),
+            "webhook_max": 5,
+            "webhook_source_types": ["github", "gitea", "generic"],
+            "webhook_queues": ["a", "b"],
+        },
+    )
+    _, narrow = run(
+        monkeypatch,
+        *("endpoint", "vend", "--agent", "ag_1", "--queues", "a", "--verbs", "claim,complete"),
+        *("--webhook-max", "0", "--webhook-source-types", "stripe", "--webhook-queues", "x,y"),
+    )
+    assert narrow["verbs"] == ["claim", "complete"] and narrow["webhook_max"] == 0
+    assert narrow["webhook_source_types"] == ["stripe"] and narrow["webhook_queues"] == ["x", "y"]
+    assert run(monkeypatch, "endpoint", "revoke", "en_1") == ("revoke_endpoint", {"endpoint_id": "en_1"})
+    assert run(monkeypatch, "friend", "set", "hu_a", "hu_b") == (
+        "set_friend_edge",
+        {"from_human_id": "hu_a", "to_human_id": "hu_b", "state": "approved"},
+    )
+    assert run(monkeypatch, "friend", "set", "hu_a", "hu_b", "--state", "revoked")[1]["state"] == "revoked"
+    assert run(monkeypatch, "webhook", "rate", "wh_1", "2.5") == (
+        "set_webhook_rate",
+        {"webhook_id": "wh_1", "rate_per_second": 2.5},
+    )
+    assert run(monkeypatch, "webhook", "rate", "wh_1", "default")[1]["rate_per_second"] is None
+
+
+def test_every_admin_verb_has_a_command_and_the_readme_names_both() -> None:
+    for name, verb in ADMIN_VERBS.items():
+        assert verb.cli is not None, name
+        assert f"`{name}`" in README, name
+        assert f"{verb.cli.group} {verb.cli.action}" in README, name
