@@ -22,13 +22,13 @@ from temporalio.testing import WorkflowEnvironment
 from api.app import create_app
 from cli.embedded import search_attribute_args, start_postgres, temporal_cli
 from routing.delivery import CommitResult
-from routing.signatures import sign_slack
 from runtime.relay import InboxRelay, running_relay
 from runtime.starts import start_delivery
 from store.db import migrate
 from store.inbox import InboxStore
 from tests.conftest import Stack, make_settings, running_stack
 from tests.helpers import issue_payload, post_github, token_of
+from tests.signing import sign_slack
 
 T = TypeVar("T")
 UNREACHABLE = "127.0.0.1:1"
