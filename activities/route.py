@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from temporalio import activity
 
@@ -14,8 +13,6 @@ from routing.models import Evaluation, Fault
 from store.deliveries import DeliveryStore
 from store.errors import NotFound
 from store.webhooks import WebhookStore
-
-log = logging.getLogger("switchboard.activities")
 
 
 class RouteActivities:
