@@ -19,7 +19,17 @@ from routing.rules import (
     validate_config,
 )
 from store.db import Pool
-from store.errors import DomainError, Forbidden, InvalidArgument, NotFound, RuleRejected, SandboxBusy, translates_errors
+from store.errors import (
+    DomainError,
+    Forbidden,
+    InvalidArgument,
+    NotFound,
+    RuleRejected,
+    SandboxBusy,
+    StoreRejected,
+    StoreUnavailable,
+    translates_errors,
+)
 from store.models import Caller
 from store.webhooks import WebhookStore
 
@@ -162,6 +172,8 @@ class RuleStore:
         compiled: Compiled = {}
         try:
             first: Candidate | None = edit(await self.read(caller, webhook_id))
+        except (StoreUnavailable, StoreRejected):
+            raise  # the database's own failure, not a verdict on the edit
         except DomainError:
             first = None  # raised again by the locked pass, after the same checks as ever
         if first is not None:
