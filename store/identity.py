@@ -28,7 +28,11 @@ SELECT id, pg_notify(%(channel)s, id) AS rang FROM r
 
 
 class IdentityStore:
-    """Operator-side identity records and credential resolution."""
+    """Operator-side identity records and credential resolution.
+
+    A row naming a human or agent that does not exist fails its foreign key, which `store/errors.py`
+    (`CONSTRAINT_ERRORS`) answers as not_found.
+    """
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
