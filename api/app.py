@@ -21,6 +21,7 @@ from api.mcp import McpSurface
 from api.middleware import AgentAuthMiddleware, BodyLimitMiddleware, RequestLogMiddleware
 from api.surface import install_verb_routes
 from runtime.root import api_resources
+from store.db import ping
 from switchboard.logs import install_masking
 from switchboard.settings import Settings
 
@@ -79,8 +80,7 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
         limit = settings.health_timeout_seconds
 
         async def postgres() -> None:
-            async with health_pool.connection(timeout=limit) as conn:
-                await conn.execute("SELECT 1")
+            await ping(health_pool, wait=limit)
 
         async def temporal() -> None:
             if client is None:

@@ -15,10 +15,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from api.deps import Services
-from api.errors import UNAVAILABLE_MESSAGE, status_of, validation_message
+from api.errors import public_error, status_for, validation_message
 from api.ratelimit import retry_after
 from api.verbs.registry import AdminContext, Context, Verb
-from store.db import UNAVAILABLE_ERRORS
 from store.errors import DomainError
 from store.models import Caller
 
@@ -26,15 +25,16 @@ log = logging.getLogger("switchboard.api")
 
 
 class Refusal(Exception):
-    """A verb call that ends in an error answer."""
+    """A verb call that ends in an error answer: a stable code, a client-safe message, the code's HTTP status."""
 
-    def __init__(self, status: int, code: str, message: str, *, retry_after: str | None = None) -> None:
+    def __init__(self, code: str, message: str, *, retry_after: str | None = None, status: int | None = None) -> None:
         super().__init__(message)
-        self.status = status
         self.code = code
         self.message = message
         self.retry_after = retry_after
         """Whole seconds until the caller's bucket has a token again (rate_limited only)."""
+        self.status = status if status is not None else status_for(code)
+        """The code's status (api/errors.py), unless a framework status stands (a body that cannot be read)."""
 
 
 def admit(services: Services, caller: Caller, verb: Verb | None) -> None:
@@ -43,10 +43,10 @@ def admit(services: Services, caller: Caller, verb: Verb | None) -> None:
     `verb` None is an agent path that is not a verb (the doorbell stream): it spends from the "agent" bucket.
     """
     if verb is not None and verb.name not in caller.scope_verbs:
-        raise Refusal(403, "forbidden", f"verb {verb.name} is not in this endpoint's allowlist")
+        raise Refusal("forbidden", f"verb {verb.name} is not in this endpoint's allowlist")
     wait = services.limits_for(verb.rate_class if verb is not None else "agent").take(caller.endpoint_id)
     if wait:
-        raise Refusal(429, "rate_limited", "rate limit exceeded", retry_after=retry_after(wait))
+        raise Refusal("rate_limited", "rate limit exceeded", retry_after=retry_after(wait))
 
 
 def decode(verb: Verb, arguments: Any, whole: str) -> BaseModel:
@@ -55,13 +55,13 @@ def decode(verb: Verb, arguments: Any, whole: str) -> BaseModel:
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError as exc:
-            raise Refusal(422, "invalid_argument", f"{exc.pos}: JSON decode error") from None
-        except ValueError:  # bytes that are not UTF-8 (nor UTF-16/32)
-            raise Refusal(400, "invalid_argument", "There was an error parsing the body") from None
+            raise Refusal("invalid_argument", f"{exc.pos}: JSON decode error") from None
+        except ValueError:  # bytes that are not UTF-8 (nor UTF-16/32): 400, as FastAPI answers them
+            raise Refusal("invalid_argument", "There was an error parsing the body", status=400) from None
     try:
         return verb.input.model_validate(arguments)
     except ValidationError as exc:
-        raise Refusal(422, "invalid_argument", validation_message(exc.errors(include_input=False), whole)) from None
+        raise Refusal("invalid_argument", validation_message(exc.errors(include_input=False), whole)) from None
 
 
 async def dispatch(verb: Verb, services: Services, caller: Caller | None, arguments: Any, *, whole: str) -> BaseModel:
@@ -73,22 +73,19 @@ async def dispatch(verb: Verb, services: Services, caller: Caller | None, argume
     ctx: Context | AdminContext
     if verb.surface == "admin":
         if caller is not None:  # never reachable by routing: an admin verb is no agent path and no tool
-            raise Refusal(404, "not_found", f"unknown verb {verb.name}")
+            raise Refusal("not_found", f"unknown verb {verb.name}")
         ctx = AdminContext(services)
     else:
         if caller is None:
-            raise Refusal(401, "unauthenticated", "missing bearer credential")
+            raise Refusal("unauthenticated", "missing bearer credential")
         admit(services, caller, verb)
         ctx = Context(caller, services)
     data = decode(verb, arguments, whole)
     try:
         return await verb.handler(ctx, data)
     except DomainError as exc:
-        raise Refusal(status_of(exc), exc.code, exc.message) from exc
-    except UNAVAILABLE_ERRORS as exc:
-        # PostgreSQL down or the pool exhausted past its timeout: a retry later can succeed, so 503, not 500.
-        log.warning("database unavailable on verb %s: %s", verb.name, exc)
-        raise Refusal(503, "unavailable", UNAVAILABLE_MESSAGE) from exc
+        # An outage is unavailable, a failure of ours internal (logged there); the rest keep their code.
+        raise Refusal(*public_error(exc, f"verb {verb.name}")) from exc
     except Exception as exc:
         log.exception("verb %s failed", verb.name)
-        raise Refusal(500, "internal", "internal error") from exc
+        raise Refusal("internal", "internal error") from exc

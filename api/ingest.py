@@ -26,7 +26,7 @@ from routing.signatures import MissingSecret
 from routing.sources import delivery_id, find_source, ingest_wait_seconds, verify
 from routing.text import MAX_HEADER_VALUE_CHARS, clean_optional
 from runtime.starts import is_outage, start_delivery
-from store.db import UNAVAILABLE_ERRORS
+from store.errors import StoreUnavailable
 from store.inbox import InboxReason, InboxStore
 from store.models import IngestWebhook
 from store.webhooks import WebhookStore
@@ -38,7 +38,7 @@ log = logging.getLogger("switchboard.ingest")
 router = APIRouter(tags=["ingest"])
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
 # PostgreSQL unreachable, or too slow to answer inside the producer's window.
-_UNAVAILABLE: tuple[type[BaseException], ...] = (TimeoutError, *UNAVAILABLE_ERRORS)
+_UNAVAILABLE = (TimeoutError, StoreUnavailable)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -37,6 +37,7 @@ from starlette.types import Message, Receive, Scope, Send
 from api.deps import Services, services
 from api.dispatch import Refusal, dispatch
 from api.doorbell import StreamClosed
+from api.errors import error_body, public_error, status_for
 from api.middleware import send_json
 from api.verbs import REGISTRY
 from routing.text import clean_text
@@ -143,7 +144,7 @@ class McpSurface:
         try:
             caller = _caller(ctx)
         except DomainError as exc:
-            return _error(exc.code, exc.message)
+            return _error(*public_error(exc, "mcp"))
         verb = REGISTRY.get(params.name)
         if verb is None:
             return _error("not_found", f"unknown tool {clean_text(params.name[:100])}")
@@ -178,7 +179,9 @@ class McpSurface:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         caller = scope.get("state", {}).get("caller")
         if not isinstance(caller, Caller):  # AgentAuthMiddleware answers first; this is a second lock
-            await send_json(send, 401, {"error": {"code": "unauthenticated", "message": "missing bearer credential"}})
+            await send_json(
+                send, status_for("unauthenticated"), error_body("unauthenticated", "missing bearer credential")
+            )
             return
         # Binds each session to the endpoint that opened it: the SDK answers 404 to anyone else.
         scope["user"] = AuthenticatedUser(

@@ -14,10 +14,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.bodies import read_capped
 from api.deps import Services
 from api.dispatch import Refusal, admit
-from api.errors import UNAVAILABLE_BODY
+from api.errors import error_body, public_error, status_for
 from api.verbs import REGISTRY
-from store.db import UNAVAILABLE_ERRORS
-from store.errors import Unauthenticated
+from store.errors import DomainError, Unauthenticated
 from switchboard.logs import mask_secrets
 
 log = logging.getLogger("switchboard.http")
@@ -118,8 +117,8 @@ class BodyLimitMiddleware:
         if read is None:
             await send_json(
                 send,
-                413,
-                {"error": {"code": "too_large", "message": "request body too large"}},
+                status_for("too_large"),
+                error_body("too_large", "request body too large"),
                 [(b"connection", b"close")],
             )
             return
@@ -170,8 +169,8 @@ class AgentAuthMiddleware:
         if not token:
             await send_json(
                 send,
-                401,
-                {"error": {"code": "unauthenticated", "message": "missing bearer credential"}},
+                status_for("unauthenticated"),
+                error_body("unauthenticated", "missing bearer credential"),
                 [(b"www-authenticate", b"Bearer")],
             )
             return
@@ -180,13 +179,14 @@ class AgentAuthMiddleware:
         except Unauthenticated as exc:
             await send_json(
                 send,
-                401,
-                {"error": {"code": "unauthenticated", "message": exc.message}},
+                status_for(exc.code),
+                error_body(exc.code, exc.message),
                 [(b"www-authenticate", b"Bearer")],
             )
             return
-        except UNAVAILABLE_ERRORS:
-            await send_json(send, 503, UNAVAILABLE_BODY)
+        except DomainError as exc:
+            code, message = public_error(exc, "authenticate")
+            await send_json(send, status_for(code), error_body(code, message))
             return
         if path.startswith("/v1/") and path[len("/v1/") :] not in REGISTRY:
             # Verbs are admitted (allowlist, rate class) by the dispatch they share with MCP; any other agent path
@@ -195,9 +195,7 @@ class AgentAuthMiddleware:
                 admit(services, caller, None)
             except Refusal as refusal:
                 headers = [(b"retry-after", refusal.retry_after.encode())] if refusal.retry_after else []
-                await send_json(
-                    send, refusal.status, {"error": {"code": refusal.code, "message": refusal.message}}, headers
-                )
+                await send_json(send, refusal.status, error_body(refusal.code, refusal.message), headers)
                 return
         scope.setdefault("state", {})["caller"] = caller
         await self.app(scope, receive, send)

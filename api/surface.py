@@ -44,7 +44,7 @@ ADMIN_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 def refusal_response(refusal: Refusal) -> JSONResponse:
     """The error answer of a refused verb call: {"error": {"code", "message"}}, Retry-After when rate limited."""
     headers = {"Retry-After": refusal.retry_after} if refusal.retry_after is not None else None
-    return error_response(refusal.status, refusal.code, refusal.message, headers)
+    return error_response(refusal.code, refusal.message, headers, status=refusal.status)
 
 
 def _output(result: BaseModel) -> Response:
