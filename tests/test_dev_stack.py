@@ -79,6 +79,9 @@ def test_dev_stack_from_scratch_then_restart_keeps_data(tmp_path: Path) -> None:
     try:
         text = log.read_text()
         assert f"http://localhost:{port}/docs" in text and "Admin token" in text and "Temporal UI" in text
+        # The hosted worker is the whole worker role: its liveness file backs `switchboard worker-health`.
+        health = subprocess.run([str(BIN / "switchboard"), "worker-health"], env=env, capture_output=True, timeout=60)
+        assert health.returncode == 0, health.stdout
         human = cli(env, "human", "create", "--name", "joe")["human_id"]
         agent = cli(env, "agent", "create", "--human", human, "--name", "bot")["agent_id"]
         endpoint = cli(env, "endpoint", "vend", "--agent", agent, "--queues", "work")

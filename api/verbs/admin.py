@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from api.verbs.registry import REGISTRY, AdminContext, CliArg, CliCommand, VerbInput, admin_verb
-from routing.models import SOURCE_TYPES
+from routing.sources import SOURCE_TYPES
 from store.errors import InvalidArgument
 
 FRIEND_STATES = ("pending", "approved", "denied", "revoked")
