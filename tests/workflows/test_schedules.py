@@ -15,7 +15,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.worker import Replayer
 
-from activities.schedules import FireInput, FireResult
+from activities.schedules import FireInput
 from tests.conftest import Agent, Stack
 from tests.helpers import eventually
 from workflows.route_delivery import RouteDelivery
@@ -94,7 +94,6 @@ async def test_two_racing_fires_for_one_slot_make_one_todo(stack: Stack) -> None
                 FireInput(schedule_id=made["schedule_id"], scheduled_time=slot),
                 id=f"race-{uuid.uuid4().hex[:8]}",
                 task_queue=stack.settings.task_queue,
-                result_type=FireResult,
             )
             for _ in range(2)
         )
@@ -110,7 +109,6 @@ async def test_two_racing_fires_for_one_slot_make_one_todo(stack: Stack) -> None
         FireInput(schedule_id=made["schedule_id"], scheduled_time=slot),
         id=late_id,
         task_queue=stack.settings.task_queue,
-        result_type=FireResult,
     )
     assert late.created == 0 and late.duplicate is True
     assert stack.sql("SELECT count(*) FROM todos")[0][0] == 1
@@ -189,6 +187,5 @@ async def test_schedule_scope_validation_and_delete(stack: Stack) -> None:
         FireInput(schedule_id=made["schedule_id"]),
         id=f"gone-{uuid.uuid4().hex[:8]}",
         task_queue=stack.settings.task_queue,
-        result_type=FireResult,
     )
     assert gone.status == "gone" and stack.sql("SELECT count(*) FROM events")[0][0] == 0
