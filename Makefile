@@ -34,10 +34,10 @@ test: $(STAMP) lint
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py
 
-# Rewrite constraints.txt from this venv (after `make test` passed in it); the project itself is left out.
+# Rewrite constraints.txt from this venv (then `make test` must pass with it); the project itself is left out.
 constraints: $(STAMP)
 	{ echo '# Exact versions `make test` passed with; the Dockerfile and `make install` install with them.'; \
-	  echo '# Refresh: rm -rf .venv && make install PIN= && make test && make constraints (README "Constraints").'; \
+	  echo '# Refresh: rm -rf .venv && make install PIN= && make constraints && make test (README "Constraints").'; \
 	  $(BIN)/python -m pip freeze --all --exclude-editable | grep -v -i -E '^(pip|switchboard)=='; } > constraints.txt
 
 clean:
