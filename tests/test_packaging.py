@@ -11,6 +11,7 @@ import importlib.metadata
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -197,6 +198,27 @@ def test_installed_copy_imports_every_module_without_the_embedded_extra(installe
     assert int(out.stdout) > 50
 
 
+def test_installed_sandbox_child_runs_from_the_installed_copy(installed: Installed) -> None:
+    # The child is started as a script by path (routing/sandbox_child.py next to the pool module); in a wheel
+    # install that path is inside site-packages.
+    probe = (
+        "import asyncio, json, routing.sandbox as s\n"
+        "async def main():\n"
+        "    pool = s.SandboxPool(max_children=1, acquire_timeout=30)\n"
+        "    try:\n"
+        "        print(s.CHILD_SCRIPT); print(json.dumps(await pool.check(['.kind == \"issues\"', '.kind | '])))\n"
+        "    finally:\n"
+        "        await pool.close()\n"
+        "asyncio.run(main())"
+    )
+    out = installed.run("python", "-c", probe)
+    assert out.returncode == 0, out.stderr
+    script, verdicts = out.stdout.splitlines()
+    assert Path(script).is_relative_to(installed.site)
+    first, second = json.loads(verdicts)
+    assert first is None and isinstance(second, str) and second
+
+
 def test_installed_migrate_applies_the_shipped_migrations(installed: Installed, pg_server: Any) -> None:
     name = f"sb_wheel_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_server.get_uri(), autocommit=True) as conn:
@@ -216,9 +238,12 @@ def test_installed_migrate_applies_the_shipped_migrations(installed: Installed, 
 
 def test_installed_rules_install_loads_a_shipped_pack(installed: Installed) -> None:
     # Nothing listens on the URL: getting as far as the POST proves the pack was read from the installed copy.
-    args = ("--webhook", "wh_x", "--credential", "sbk_x", "--url", "http://127.0.0.1:9")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    args = ("--webhook", "wh_x", "--credential", "sbk_x", "--url", url)
     out = installed.run("switchboard", "rules", "install", "--pack", "pool-review", *args)
-    assert out.returncode == 2 and "cannot reach http://127.0.0.1:9" in out.stderr, out.stderr
+    assert out.returncode == 2 and f"cannot reach {url}" in out.stderr, out.stderr
     missing = installed.run("switchboard", "rules", "install", "--pack", "no-such-pack.json", *args)
     assert missing.returncode == 2 and "cannot load pack" in missing.stderr, missing.stderr
 
