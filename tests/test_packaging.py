@@ -319,7 +319,7 @@ def _undeclared(files: list[Path], allowed: set[str], lazy_only: set[str]) -> li
                     problems.append(f"{where}: {top} ({EXTRA} extra) imported at module level; import it where used")
             elif not dists & allowed:
                 problems.append(f"{where}: {top} (distribution {', '.join(sorted(dists))}) is not declared")
-    return problems
+    return sorted(set(problems))
 
 
 def test_every_import_of_the_product_is_declared_in_project_dependencies() -> None:
