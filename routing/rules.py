@@ -23,15 +23,6 @@ QUEUE_FLAGS = ("exclusive", "once", "work_order", "coalesce")
 ACTION_KEYS = frozenset({"queue", "endpoints", "drop", *QUEUE_FLAGS})
 RULE_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
-ERROR_CODES = (
-    "invalid_expression",
-    "forbidden_function",
-    "invalid_rule",
-    "too_many_rules",
-    "invalid_params",
-    "not_granted",
-)
-
 
 class RuleValidationError(Exception):
     """A rejected save: a stable code, a message naming the offending rule, and the rule's identity."""
