@@ -77,6 +77,8 @@ class Run:
 
 
 class _Protocol(asyncio.SubprocessProtocol):
+    """asyncio's callbacks for one child, handed to its Child: stdout data and EOF, and the exit."""
+
     def __init__(self, child: Child) -> None:
         self._child = child
 
@@ -113,13 +115,16 @@ class Child:
 
     @property
     def pid(self) -> int | None:
+        """The child's process id, once it has been started."""
         return self.transport.get_pid() if self.transport else None
 
     @property
     def usable(self) -> bool:
+        """Alive, never killed, and not answering a request: the pool may hand it one."""
         return not self.dead and not self.exited.done() and self._run is None
 
     async def start(self, argv: Sequence[str]) -> None:
+        """Start the child with its progress slot and wait for its ready line; raises when it cannot start."""
         progress_fd = os.memfd_create("sandbox-progress", os.MFD_CLOEXEC)
         try:
             os.ftruncate(progress_fd, PROGRESS.size)
@@ -323,6 +328,7 @@ class Child:
         run.future.set_result(run)
 
     def data_received(self, data: bytes) -> None:
+        """Bytes from the child's stdout: whole lines are read as replies, an oversized one is a violation."""
         if self._killed and self._run is None:
             return
         *lines, self._buffer = (self._buffer + data).split(b"\n")
@@ -369,6 +375,7 @@ class Child:
         self._finish(run, "complete")
 
     def eof_received(self) -> None:
+        """The child's stdout closed: it died, and a request in flight ends by where it was then."""
         self.dead = True
         run = self._run
         if run is not None:
@@ -384,12 +391,14 @@ class Child:
             self.ready.set_exception(RuntimeError("sandbox child exited during start-up"))
 
     def process_exited(self) -> None:
+        """The child's exit status was collected."""
         if not self.exited.done():
             self.exited.set_result(None)
         if not self.ready.done():
             self.ready.set_exception(RuntimeError("sandbox child exited during start-up"))
 
     def kill(self) -> None:
+        """SIGKILL the child once (never after it was reaped: its pid may be another process's by then)."""
         self.dead = True
         pid = self.pid
         if pid is not None and not self.exited.done() and not self._killed:
