@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 
 from routing.rules import check_expression, compile_candidates
-from routing.signatures import sign_gitea, sign_github
 from tests.routing.in_process import check_in_process
+from tests.signing import sign_gitea, sign_github
 
 
 def issue_payload(
