@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from api.verbs.registry import Context, VerbInput, verb
+from api.verbs.registry import READ, Context, Hints, VerbInput, verb
+from api.verbs.rule_schema import ActionJSON, RuleJSON, RulePatchJSON, RulesJSON
 from routing.collectors import collector_config, delivery_kind
 from routing.decision import decide
 from routing.envelope import build_envelope, parse_payload
@@ -38,8 +39,6 @@ BACKTEST_MAX = 200
 BACKTEST_DEFAULT = 50
 _BACKTEST_BATCH = 20  # events (with payloads) held in memory at once
 
-RulesJSON = list[dict[str, Any]]
-ActionJSON = dict[str, Any]
 
 _RULES_DOC = "ordered rules {id?, name?, expr, action}; ids are minted when omitted"
 _DEFAULT_DOC = 'the action when no rule matches; null means {"queue": <target queue>} on every target'
@@ -56,7 +55,7 @@ _ON_FAULT_DOC = (
 
 
 class WebhookInput(VerbInput):
-    webhook_id: str = Field(min_length=1, max_length=128)
+    webhook_id: str = Field(min_length=1, max_length=128, description="one of your webhooks (list_webhooks)")
 
 
 class GrantTargetOut(BaseModel):
@@ -96,7 +95,7 @@ class SetRulesInput(WebhookInput):
 
 
 class AddRuleInput(WebhookInput):
-    rule: dict[str, Any] = Field(description="{id?, name?, expr, action}")
+    rule: RuleJSON = Field(description="the rule to insert: {id?, name?, expr, action}")
     position: int | None = Field(default=None, ge=0, description="index to insert at; default: the end")
 
 
@@ -105,19 +104,19 @@ class AddRuleOutput(RulesOutput):
 
 
 class UpdateRuleInput(WebhookInput):
-    rule_id: str = Field(min_length=1, max_length=256)
-    rule: dict[str, Any] = Field(
+    rule_id: str = Field(min_length=1, max_length=256, description="the id of the rule to change")
+    rule: RulePatchJSON = Field(
         description="fields to replace (id, name, expr, action); a null name removes it; a new id renames"
     )
 
 
 class MoveRuleInput(WebhookInput):
-    rule_id: str = Field(min_length=1, max_length=256)
+    rule_id: str = Field(min_length=1, max_length=256, description="the id of the rule to move")
     position: int = Field(ge=0, description="the rule's index after the move")
 
 
 class RemoveRuleInput(WebhookInput):
-    rule_id: str = Field(min_length=1, max_length=256)
+    rule_id: str = Field(min_length=1, max_length=256, description="the id of the rule to remove")
 
 
 class RemoveRuleOutput(RulesOutput):
@@ -137,7 +136,7 @@ class DryRunInput(CandidateInput):
     payload: Any = Field(default=None, description="a sample body (any JSON value), treated as verified")
     headers: dict[str, str] | None = Field(default=None, description="the sample's request headers")
     event_id: str | None = Field(default=None, min_length=1, max_length=128, description="an event of this webhook")
-    omit_envelope: bool = False
+    omit_envelope: bool = Field(default=False, description="leave the evaluated envelope out of the answer")
 
 
 class DecisionOut(BaseModel):
@@ -415,6 +414,7 @@ def _decider(outcome: OutcomeOut) -> str:
     output=RulesOutput,
     family=FAMILY,
     summary="A webhook's rules, default action, params and current grant.",
+    hints=READ,
 )
 async def list_webhook_rules(ctx: Context, data: WebhookInput) -> RulesOutput:
     return RulesOutput(**_out(await ctx.services.rules.read(ctx.caller, data.webhook_id)))
@@ -427,6 +427,7 @@ async def list_webhook_rules(ctx: Context, data: WebhookInput) -> RulesOutput:
     family=FAMILY,
     summary="Replace a webhook's rules, default action and params together (omitted params are cleared).",
     rate_class="authoring",
+    hints=Hints(destructive=True),
 )
 async def set_webhook_rules(ctx: Context, data: SetRulesInput) -> RulesOutput:
     def edit(current: RuleConfig) -> Candidate:
@@ -469,6 +470,7 @@ async def add_webhook_rule(ctx: Context, data: AddRuleInput) -> AddRuleOutput:
     family=FAMILY,
     summary="Change fields of one rule by id; the list is re-validated in full.",
     rate_class="authoring",
+    hints=Hints(destructive=True, idempotent=True),
 )
 async def update_webhook_rule(ctx: Context, data: UpdateRuleInput) -> RulesOutput:
     def edit(current: RuleConfig) -> Candidate:
@@ -496,6 +498,7 @@ async def update_webhook_rule(ctx: Context, data: UpdateRuleInput) -> RulesOutpu
     family=FAMILY,
     summary="Move one rule to a new index (first match wins, so order is meaning).",
     rate_class="authoring",
+    hints=Hints(idempotent=True),
 )
 async def move_webhook_rule(ctx: Context, data: MoveRuleInput) -> RulesOutput:
     def edit(current: RuleConfig) -> Candidate:
@@ -520,6 +523,7 @@ async def move_webhook_rule(ctx: Context, data: MoveRuleInput) -> RulesOutput:
     family=FAMILY,
     summary="Remove one rule by id; removing an absent rule succeeds.",
     rate_class="authoring",
+    hints=Hints(destructive=True, idempotent=True),
 )
 async def remove_webhook_rule(ctx: Context, data: RemoveRuleInput) -> RemoveRuleOutput:
     store = ctx.services.rules
@@ -547,6 +551,7 @@ async def remove_webhook_rule(ctx: Context, data: RemoveRuleInput) -> RemoveRule
     family=FAMILY,
     summary="Dry-run saved or candidate rules on a sample payload or a stored event; nothing is saved.",
     rate_class="authoring",
+    hints=READ,
 )
 async def test_webhook_rules(ctx: Context, data: DryRunInput) -> DryRunOutput:
     has_payload = "payload" in data.model_fields_set
@@ -580,6 +585,7 @@ async def test_webhook_rules(ctx: Context, data: DryRunInput) -> DryRunOutput:
     family=FAMILY,
     summary="Replay saved or candidate rules over the webhook's recent events; report what would change.",
     rate_class="authoring",
+    hints=READ,
 )
 async def backtest_webhook_rules(ctx: Context, data: BacktestInput) -> BacktestOutput:
     store = ctx.services.rules
