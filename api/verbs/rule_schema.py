@@ -12,7 +12,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import core_schema
 
 from routing.rules import MAX_ENDPOINTS, MAX_EXPR_BYTES, MAX_ID_CHARS, MAX_NAME_BYTES, MAX_RULES, RULE_ID_RE
 
@@ -83,9 +82,7 @@ class SchemaOf:
 
         self.core = TypeAdapter(shape).core_schema
 
-    def __get_pydantic_json_schema__(
-        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
-    ) -> JsonSchemaValue:
+    def __get_pydantic_json_schema__(self, schema: Any, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         """The shape's schema, its models registered in the document's $defs."""
         return handler(self.core)
 
