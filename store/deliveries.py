@@ -169,9 +169,7 @@ class DeliveryStore:
         disposition = decision.disposition
         body = d.body()
         # Todo ids are minted up front so the event row names them from its first write.
-        planned = (
-            [(new_id("td"), t.endpoint_id, t.queue) for t in decision.deliveries] if disposition == "routed" else []
-        )
+        planned = [(new_id("td"), t.endpoint_id, t.queue) for t in decision.todos] if disposition == "routed" else []
         async with self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
                 _INSERT_EVENT,
