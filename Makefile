@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint histories bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,6 +26,13 @@ test: $(STAMP) lint
 	@# the embedded PostgreSQL (running as its own user) off from its data directory.
 	@tmp=$$(mktemp -d /tmp/switchboard-tests.XXXXXX); \
 	$(BIN)/pytest -q -p no:cacheprovider --basetemp="$$tmp"; rc=$$?; rm -rf "$$tmp"; exit $$rc
+
+# Record the replay history of every workflow path that has none committed yet (tests/workflows/replay.py);
+# committed histories are never overwritten. Commit the new files under tests/workflows/histories/.
+histories: $(STAMP)
+	@tmp=$$(mktemp -d /tmp/switchboard-tests.XXXXXX); \
+	SWITCHBOARD_WRITE_HISTORIES=1 $(BIN)/pytest -q -p no:cacheprovider --basetemp="$$tmp" tests/workflows tests/api/test_on_fault.py; \
+	rc=$$?; rm -rf "$$tmp"; exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py

@@ -24,6 +24,7 @@ from routing.headers import lower_headers, sanitize_headers
 from routing.models import TRUST_BY_SOURCE, Decision, EventDisposition, Grant
 from routing.router import Evaluate, route
 from routing.rules import Candidate
+from routing.sources import find_source
 
 # Events (with payloads) a backtest holds in memory at once.
 REPLAY_BATCH = 20
@@ -122,10 +123,12 @@ def sample_envelope(
     body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
     parsed = parse_payload(body)
     trust_mode = TRUST_BY_SOURCE.get(grant.source, "token")
-    verified = trust_mode == "signed"
+    row = find_source(grant.source)
+    # Verified as the receiver would find it: a signed source's scheme, or a collector's configured HMAC.
+    verified = row is not None and row.verifies(
+        collector_hmac=row.collector and collector_config(config).hmac is not None
+    )
     kind = delivery_kind(grant.source, config, lowered, parsed)
-    if grant.source == "generic":
-        verified = collector_config(config).hmac is not None
     return build_envelope(
         source=grant.source,
         webhook_id=grant.webhook_id,

@@ -7,7 +7,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from routing.collectors import CollectorConfig
-from routing.models import RESERVED_SOURCES
+from routing.sources import RESERVED_SOURCES, find_source
 from store.crypto import SecretBox
 from store.db import Pool
 from store.errors import InvalidArgument, NotFound
@@ -41,7 +41,8 @@ class CollectorStore:
             row = await cur.fetchone()
             if row is None:
                 raise NotFound("unknown webhook")
-            if row["source_type"] != "generic" and (config.hmac is not None or config.kind is not None):
+            source = find_source(row["source_type"])
+            if (source is None or not source.collector) and (config.hmac is not None or config.kind is not None):
                 raise InvalidArgument(
                     "hmac and kind apply to generic collectors only; signed sources verify and derive kind"
                     " by their own scheme"

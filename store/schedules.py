@@ -8,14 +8,14 @@ from typing import Any, Literal
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
-from routing.models import RESERVED_SOURCES
+from routing.sources import RESERVED_SOURCES, SOURCES
 from store.db import Pool
 from store.errors import CeilingExceeded, Forbidden, NotFound
 from store.ids import new_id, new_ingest_token
 from store.models import Caller
 
 SCHEDULE_SOURCE = "schedule"
-SCHEDULE_TRUST_MODE = "internal"
+SCHEDULE_TRUST_MODE = SOURCES[SCHEDULE_SOURCE].trust_mode
 MAX_SCHEDULES_PER_ENDPOINT = 50  # ours
 
 _COLUMNS = (

@@ -9,7 +9,8 @@ from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
-from routing.models import RESERVED_SOURCES, TRUST_BY_SOURCE, Grant, Target
+from routing.models import Grant, Target
+from routing.sources import RESERVED_SOURCES, SOURCE_TYPES, find_source
 from store.crypto import SecretBox
 from store.db import Pool
 from store.errors import (
@@ -70,16 +71,17 @@ class WebhookStore:
 
     async def create(self, caller: Caller, source_type: str, target_queue: str) -> dict[str, Any]:
         """Create a webhook within the caller's ceiling; the secret is in this result only."""
-        if source_type in RESERVED_SOURCES:
+        source = find_source(source_type)
+        if source is not None and source.reserved:
             # Internal sources (schedule fires) are switchboard's own; no agent may mint a URL for one.
             raise ForbiddenSourceType(f"source type {source_type} is reserved for switchboard")
-        if source_type not in TRUST_BY_SOURCE:
-            raise InvalidArgument(f"unknown source_type; expected one of {', '.join(TRUST_BY_SOURCE)}")
+        if source is None:
+            raise InvalidArgument(f"unknown source_type; expected one of {', '.join(SOURCE_TYPES)}")
         if source_type not in caller.webhook_source_types:
             raise ForbiddenSourceType("source type not allowed by this endpoint's ceiling")
         if target_queue not in caller.webhook_queues:
             raise Forbidden("target queue not allowed by this endpoint's ceiling")
-        trust_mode = TRUST_BY_SOURCE[source_type]
+        trust_mode = source.trust_mode
         webhook_id = new_id("wh")
         secret = new_webhook_secret() if trust_mode == "signed" else None
         sealed = self.box.seal(secret, webhook_id) if secret else None
