@@ -21,7 +21,7 @@ from api.errors import install_error_handlers
 from api.mcp import McpSurface
 from api.middleware import AgentAuthMiddleware, BodyLimitMiddleware, RequestLogMiddleware
 from routing.sandbox import SandboxPool
-from store.db import open_pool
+from store.db import open_pool, ping
 from store.doorbell import DoorbellStore
 from switchboard.logs import install_masking
 from switchboard.settings import Settings
@@ -107,8 +107,7 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
 
         async def postgres() -> None:
             health_pool = svc.extras.get("health_pool", svc.pool)
-            async with health_pool.connection(timeout=limit) as conn:
-                await conn.execute("SELECT 1")
+            await ping(health_pool, wait=limit)
 
         async def temporal() -> None:
             assert svc.temporal is not None

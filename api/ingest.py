@@ -24,7 +24,7 @@ from routing.headers import lower_headers, sanitize_headers
 from routing.signatures import MissingSecret
 from routing.sources import delivery_id, find_source, ingest_wait_seconds, verify
 from routing.text import MAX_HEADER_VALUE_CHARS, clean_optional
-from store.db import UNAVAILABLE_ERRORS
+from store.errors import StoreUnavailable
 from store.inbox import InboxReason
 from store.models import IngestWebhook
 from switchboard.settings import Settings
@@ -36,7 +36,7 @@ log = logging.getLogger("switchboard.ingest")
 router = APIRouter(tags=["ingest"])
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
 # PostgreSQL unreachable, or too slow to answer inside the producer's window.
-_UNAVAILABLE: tuple[type[BaseException], ...] = (TimeoutError, *UNAVAILABLE_ERRORS)
+_UNAVAILABLE = (TimeoutError, StoreUnavailable)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:

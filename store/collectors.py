@@ -10,7 +10,7 @@ from routing.collectors import CollectorConfig
 from routing.sources import RESERVED_SOURCES, find_source
 from store.crypto import SecretBox
 from store.db import Pool
-from store.errors import InvalidArgument, NotFound
+from store.errors import InvalidArgument, NotFound, translates_errors
 from store.ids import new_webhook_secret
 from store.models import Caller
 from store.webhooks import collector_secret_context
@@ -23,6 +23,7 @@ class CollectorStore:
         self.pool = pool
         self.box = box
 
+    @translates_errors
     async def configure(
         self, caller: Caller, webhook_id: str, config: CollectorConfig, *, rotate_secret: bool
     ) -> dict[str, Any]:

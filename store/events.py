@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from routing.models import EventDisposition
 from routing.replay import StoredEvent, StoredTodo
 from store.db import Pool
-from store.errors import InvalidArgument, NotFound
+from store.errors import InvalidArgument, NotFound, translates_errors
 from store.models import Caller
 
 EVENT_NOT_FOUND = "unknown event"
@@ -161,6 +161,7 @@ class EventStore:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
+    @translates_errors
     async def list(
         self,
         caller: Caller,
@@ -200,6 +201,7 @@ class EventStore:
             next_cursor=encode_cursor(events[-1].received_at, events[-1].id) if more else None,
         )
 
+    @translates_errors
     async def get(self, caller: Caller, event_id: str) -> EventDetail:
         """One event of the human's webhooks, with sanitized headers and the decoded payload."""
         async with self.pool.connection() as conn:
@@ -210,6 +212,7 @@ class EventStore:
         payload, encoding = decode_payload(bytes(row.pop("payload")))
         return EventDetail(payload=payload, payload_encoding=encoding, **row)
 
+    @translates_errors
     async def stored_event(self, webhook_id: str, event_id: str) -> StoredEvent:
         """One event recorded on this webhook, to replay; an event of any other webhook is not_found."""
         found = await self.stored_events(webhook_id, [event_id])
@@ -218,6 +221,7 @@ class EventStore:
         return found[0]
 
     # builtins.list: this class's own list() shadows the name in its body.
+    @translates_errors
     async def stored_events(self, webhook_id: str, event_ids: Sequence[str]) -> builtins.list[StoredEvent]:
         """The named events of this webhook (payloads included), in the order asked; others are skipped."""
         if not event_ids:
@@ -228,6 +232,7 @@ class EventStore:
         by_id = {r["id"]: StoredEvent.model_validate({**r, "payload": bytes(r["payload"])}) for r in rows}
         return [by_id[i] for i in event_ids if i in by_id]
 
+    @translates_errors
     async def recent_event_ids(self, webhook_id: str, limit: int) -> builtins.list[str]:
         """Ids of the webhook's most recent events, newest first."""
         async with self.pool.connection() as conn:
@@ -235,6 +240,7 @@ class EventStore:
             rows = await cur.fetchall()
         return [str(r["id"]) for r in rows]
 
+    @translates_errors
     async def landed_todos(self, todo_ids: Sequence[str]) -> dict[str, StoredTodo]:
         """Endpoint and queue of the named todos that still exist (retention may have pruned some)."""
         if not todo_ids:
@@ -244,6 +250,7 @@ class EventStore:
             rows = await cur.fetchall()
         return {r["id"]: StoredTodo.model_validate(r) for r in rows}
 
+    @translates_errors
     async def once_claims(self, webhook_id: str, keys: Sequence[str]) -> dict[str, str]:
         """once_key → claiming event id, for the keys of this webhook already claimed."""
         if not keys:
@@ -253,6 +260,7 @@ class EventStore:
             rows = await cur.fetchall()
         return {r["once_key"]: r["event_id"] for r in rows}
 
+    @translates_errors
     async def prune(self, retention_days: int) -> dict[str, int]:
         """Delete events and terminal todos older than the retention window, in bounded batches."""
         counts = {"events_pruned": 0, "todos_pruned": 0}

@@ -19,7 +19,17 @@ from routing.rules import (
     validate_config,
 )
 from store.db import Pool
-from store.errors import DomainError, Forbidden, InvalidArgument, NotFound, RuleRejected, SandboxBusy
+from store.errors import (
+    DomainError,
+    Forbidden,
+    InvalidArgument,
+    NotFound,
+    RuleRejected,
+    SandboxBusy,
+    StoreRejected,
+    StoreUnavailable,
+    translates_errors,
+)
 from store.models import Caller
 from store.webhooks import WebhookStore
 
@@ -117,12 +127,14 @@ class RuleStore:
         self.pool = pool
         self.webhooks = webhooks
 
+    @translates_errors
     async def read(self, caller: Caller, webhook_id: str) -> RuleConfig:
         """The saved configuration and the current grant of a webhook the caller's human owns."""
         async with self.pool.connection() as conn:
             grant = await self.webhooks.grant_on(conn, webhook_id)
         return _config(_owned(grant, caller))
 
+    @translates_errors
     async def modify(self, caller: Caller, webhook_id: str, edit: Edit, checker: CompileChecker) -> RuleConfig:
         """Read-modify-validate-write under the webhook's row lock; a rejected edit changes nothing.
 
@@ -133,6 +145,8 @@ class RuleStore:
         compiled: Compiled = {}
         try:
             first: Candidate | None = edit(await self.read(caller, webhook_id))
+        except (StoreUnavailable, StoreRejected):
+            raise  # the database's own failure, not a verdict on the edit
         except DomainError:
             first = None  # raised again by the locked pass, after the same checks as ever
         if first is not None:
@@ -155,6 +169,7 @@ class RuleStore:
             )
         return _config(grant)
 
+    @translates_errors
     async def webhook_config(self, webhook_id: str) -> dict[str, Any]:
         """The webhook's receiver configuration (collector kind rule, HMAC scheme); call after read()."""
         async with self.pool.connection() as conn:

@@ -69,6 +69,7 @@ class WebhookStore:
         self.pool = pool
         self.box = box
 
+    @translates_errors
     async def create(self, caller: Caller, source_type: str, target_queue: str) -> dict[str, Any]:
         """Create a webhook within the caller's ceiling; the secret is in this result only."""
         source = find_source(source_type)
@@ -112,6 +113,7 @@ class WebhookStore:
             "secret": secret,
         }
 
+    @translates_errors
     async def list_for_endpoint(self, caller: Caller) -> list[Webhook]:
         """Live webhooks owned by the calling endpoint."""
         async with self.pool.connection() as conn:
@@ -123,6 +125,7 @@ class WebhookStore:
             rows = await cur.fetchall()
         return [Webhook.model_validate(r) for r in rows]
 
+    @translates_errors
     async def get_for_ingest(self, token: str) -> IngestWebhook | None:
         """Resolve an ingest token to the webhook and its opened secret; None when unknown."""
         async with self.pool.connection() as conn:
@@ -165,6 +168,7 @@ class WebhookStore:
             raise NotFound("unknown webhook")
         return grant
 
+    @translates_errors
     async def grant_on(self, conn: AsyncConnection[DictRow], webhook_id: str) -> Grant | None:
         """The grant computed on the caller's connection (inside its transaction); None when not live."""
         cur = await conn.execute(_GRANT_SQL, {"webhook": webhook_id})
@@ -186,6 +190,7 @@ class WebhookStore:
             subject_path=((row["config"] or {}).get("collector") or {}).get("subject_path"),
         )
 
+    @translates_errors
     async def set_rate(self, webhook_id: str, rate_per_second: float | None) -> None:
         """Set a webhook's own pace (deliveries/s; 0 = unpaced; None = back to the operator default)."""
         async with self.pool.connection() as conn:
@@ -197,6 +202,7 @@ class WebhookStore:
             if await cur.fetchone() is None:
                 raise NotFound("unknown webhook")
 
+    @translates_errors
     async def add_route_unchecked(self, webhook_id: str, target_endpoint_id: str) -> None:
         """Record a route without authorization (operators and tests; agents use the route verbs)."""
         async with self.pool.connection() as conn:
@@ -205,6 +211,7 @@ class WebhookStore:
                 (webhook_id, target_endpoint_id),
             )
 
+    @translates_errors
     async def rotate(self, caller: Caller, webhook_id: str, *, replace_token: bool) -> dict[str, Any]:
         """Mint a new secret (and, when asked, a new ingest token); the old ones stop working at commit."""
         async with self.pool.connection() as conn, conn.transaction():
@@ -235,6 +242,7 @@ class WebhookStore:
             "secret": secret,
         }
 
+    @translates_errors
     async def delete(self, caller: Caller, webhook_id: str) -> None:
         """Tear a webhook down: its token stops resolving, its secret and routes go, its ceiling slot frees."""
         async with self.pool.connection() as conn, conn.transaction():

@@ -11,8 +11,9 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
+    from activities.errors import STORE_REJECTED
     from activities.models import LoadGrantInput
-    from activities.route import STORE_REJECTED, RouteActivities
+    from activities.route import RouteActivities
     from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultCommitInput
     from routing.models import EvaluateInput, Evaluation, Fault
     from routing.router import needs_envelope, route
