@@ -8,15 +8,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from api.verbs.registry import READ, Context, VerbInput, verb
+from routing.models import EventDisposition
 from store.events import EventDetail, EventStore, EventSummary
-
-Disposition = Literal["routed", "dropped", "repeat", "faulted"]
 
 
 class ListEventsInput(VerbInput):
     webhook_id: str | None = Field(default=None, max_length=1000, description="only this webhook's events")
     kind: str | None = Field(default=None, max_length=256, description="only this .kind, e.g. issues or push")
-    disposition: Disposition | None = Field(
+    disposition: EventDisposition | None = Field(
         default=None,
         description="only events routed, dropped, repeat (once key already claimed) or faulted (on_fault hold)",
     )
@@ -34,7 +33,7 @@ class EventOut(BaseModel):
     payload_size: int
     received_at: datetime
     webhook_id: str
-    disposition: str
+    disposition: EventDisposition
     routing: dict[str, Any] = Field(description="the routing trace: rule, action, faults, once-key")
     todo_ids: list[str]
 
