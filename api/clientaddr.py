@@ -1,7 +1,7 @@
 """The client address a request came from: the TCP peer, or the `X-Forwarded-For` hop a trusted proxy saw.
 
 One source of truth for the buckets, `source_ip` and the logs: uvicorn's own proxy-header handling is turned off
-wherever we serve (switchboard/dev.py `server_config`), and this middleware rewrites `scope["client"]` from
+wherever we serve (cli/dev.py `server_config`), and this middleware rewrites `scope["client"]` from
 `SWITCHBOARD_FORWARDED_ALLOW_IPS` only. Each proxy appends the peer it saw to `X-Forwarded-For`, so the hops are
 read right to left and the first one that is not a trusted proxy is the client; everything left of it was
 written by the client and is never believed. With no trusted proxies (the default) the header is ignored.

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from typing import Any
 
 import uvicorn
 
 from api.app import create_app
-from cli.embedded import start_postgres, temporal_dev_server
+from cli.embedded import missing_servers, start_postgres, temporal_dev_server
 from store.db import migrate
 from switchboard.settings import Settings
 from worker import running_worker
@@ -44,6 +45,11 @@ def _server(app: Any, settings: Settings) -> uvicorn.Server:
 
 def run_dev(settings: Settings) -> int:
     """Start what is not configured, migrate, print where everything is, serve until Ctrl-C."""
+    # Before anything starts: without the `embedded` extra, say what to install or set (exit 2, no traceback).
+    missing = missing_servers(database_url=settings.database_url, temporal_address=settings.temporal_address)
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
     settings.ensure_generated_secrets()
     home = settings.home.resolve()
     with contextlib.ExitStack() as stack:

@@ -9,6 +9,7 @@ import pytest
 
 import cli.main
 from api.verbs import ADMIN_VERBS, REGISTRY
+from routing.sources import SOURCE_TYPES
 from switchboard.settings import Settings
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
@@ -16,7 +17,12 @@ README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
 def run(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[str, dict[str, Any]]:
     sent: list[tuple[str, dict[str, Any]]] = []
-    monkeypatch.setattr(cli.main, "_admin", lambda settings, verb, body: sent.append((verb, body)) or 0)
+
+    def admin(settings: Settings, verb: str, body: dict[str, Any]) -> int:
+        sent.append((verb, body))
+        return 0
+
+    monkeypatch.setattr(cli.main, "_admin", admin)
     args = cli.main.build_parser().parse_args(list(argv))
     assert args.fn(Settings(), args) == 0
     [(verb, body)] = sent
@@ -37,7 +43,7 @@ def test_operator_commands_send_their_verbs_input(monkeypatch: pytest.MonkeyPatc
             "queues": ["a", "b"],
             "verbs": list(REGISTRY),
             "webhook_max": 5,
-            "webhook_source_types": ["github", "gitea", "generic"],
+            "webhook_source_types": list(SOURCE_TYPES),
             "webhook_queues": ["a", "b"],
         },
     )

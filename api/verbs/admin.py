@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -13,30 +13,37 @@ from store.errors import InvalidArgument
 FRIEND_STATES = ("pending", "approved", "denied", "revoked")
 
 
-class CreateHumanInput(VerbInput):
-    name: str = Field(min_length=1, max_length=200)
+class AdminInput(VerbInput):
+    """Admin verb inputs share the agent verbs' input rules (unknown fields, unstorable text)."""
+
+
+class CreateHumanInput(AdminInput):
+    name: str = Field(min_length=1, max_length=200, description="a display name")
 
 
 class CreateHumanOutput(BaseModel):
     human_id: str
 
 
-class CreateAgentInput(VerbInput):
-    human_id: str
-    name: str = Field(min_length=1, max_length=200)
+class CreateAgentInput(AdminInput):
+    human_id: str = Field(description="the human who owns the agent (hu_…)")
+    name: str = Field(min_length=1, max_length=200, description="a display name")
 
 
 class CreateAgentOutput(BaseModel):
     agent_id: str
 
 
-class VendEndpointInput(VerbInput):
-    agent_id: str
-    queues: list[str] = Field(min_length=1)
-    verbs: list[str] = Field(min_length=1)
-    webhook_max: int = Field(default=0, ge=0, le=10_000)
-    webhook_source_types: list[str] = []
-    webhook_queues: list[str] = []
+class VendEndpointInput(AdminInput):
+    agent_id: str = Field(description="the agent the endpoint acts for (ag_…)")
+    queues: list[str] = Field(min_length=1, description="the queues the endpoint may see and drain (its scope)")
+    verbs: list[str] = Field(min_length=1, description="the verbs (and MCP tools) the endpoint may call")
+    webhook_max: int = Field(default=0, ge=0, le=10_000, description="how many webhooks it may create; 0: none")
+    # The enum is advertised; the handler refuses unknown or reserved names with its own message.
+    webhook_source_types: list[Annotated[str, Field(json_schema_extra={"enum": list(SOURCE_TYPES)})]] = Field(
+        default_factory=list, description="source types its webhooks may have"
+    )
+    webhook_queues: list[str] = Field(default_factory=list, description="queues its webhooks may target")
 
 
 class VendEndpointOutput(BaseModel):
@@ -51,22 +58,24 @@ class VendEndpointOutput(BaseModel):
     webhook_queues: list[str]
 
 
-class RevokeEndpointInput(VerbInput):
-    endpoint_id: str
+class RevokeEndpointInput(AdminInput):
+    endpoint_id: str = Field(description="the endpoint to revoke (ep_…); its credential stops at once")
 
 
 class OkOutput(BaseModel):
     ok: bool = True
 
 
-class FriendEdgeInput(VerbInput):
-    from_human_id: str
-    to_human_id: str
-    state: Literal["pending", "approved", "denied", "revoked"]
+class FriendEdgeInput(AdminInput):
+    from_human_id: str = Field(description="the human whose agents would deliver (hu_…)")
+    to_human_id: str = Field(description="the human whose endpoints would receive (hu_…)")
+    state: Literal["pending", "approved", "denied", "revoked"] = Field(
+        description="approved lets from_human's webhooks route to to_human's endpoints; anything else stops it"
+    )
 
 
-class SetWebhookRateInput(VerbInput):
-    webhook_id: str
+class SetWebhookRateInput(AdminInput):
+    webhook_id: str = Field(description="the webhook to pace (wh_…)")
     rate_per_second: float | None = Field(
         ge=0, le=10_000, description="deliveries/s; 0 = unpaced; null = back to SWITCHBOARD_WEBHOOK_RATE_PER_SECOND"
     )
@@ -134,7 +143,14 @@ async def create_agent(ctx: AdminContext, data: CreateAgentInput) -> CreateAgent
             CliArg("queues", "--queues", required=True, type=csv, help="comma-separated"),
             CliArg("verbs", "--verbs", default="all", help="comma-separated, or 'all'"),
             CliArg("webhook_max", "--webhook-max", type=int, default=5),
-            CliArg("webhook_source_types", "--webhook-source-types", type=csv, default=["github", "gitea", "generic"]),
+            # Every source type the README advertises works out of the box; narrow it per endpoint with this flag.
+            CliArg(
+                "webhook_source_types",
+                "--webhook-source-types",
+                type=csv,
+                default=list(SOURCE_TYPES),
+                help="comma-separated; default: all",
+            ),
             CliArg("webhook_queues", "--webhook-queues", type=csv, help="default: the endpoint's queues"),
         ),
         complete=_vend_defaults,

@@ -83,6 +83,29 @@ Handler = Callable[[Any, Any], Awaitable[BaseModel]]
 
 
 @dataclass(frozen=True)
+class Hints:
+    """How a verb treats switchboard state, advertised as MCP tool annotations.
+
+    read_only: changes nothing. destructive: may remove or irrecoverably replace state (a delete, a remove,
+    a rotation, a wholesale replace). idempotent: a repeat with the same arguments changes nothing further
+    (the repeat may answer conflict or not_found). Every verb acts only on switchboard's own state, so no
+    verb is open-world.
+    """
+
+    read_only: bool = False
+    destructive: bool = False
+    idempotent: bool = False
+
+
+READ = Hints(read_only=True, idempotent=True)
+
+
+def default_title(name: str) -> str:
+    """A verb's display title from its name: `list_todos` → `List todos`."""
+    return name.replace("_", " ").capitalize()
+
+
+@dataclass(frozen=True)
 class Verb:
     """One verb of one surface."""
 
@@ -94,6 +117,8 @@ class Verb:
     handler: Handler
     rate_class: RateClass = "agent"
     """The per-endpoint bucket an agent verb spends (admin verbs have no endpoint and spend none)."""
+    title: str = ""
+    hints: Hints = Hints()
     surface: Surface = "agent"
     cli: CliCommand | None = None
 
@@ -133,6 +158,8 @@ AdminHandler = TypeVar("AdminHandler", bound=Callable[[AdminContext, Any], Await
 def _register(entry: Verb) -> None:
     if entry.name in VERBS:
         raise ValueError(f"verb {entry.name} registered twice")
+    if entry.hints.read_only and entry.hints.destructive:
+        raise ValueError(f"verb {entry.name} cannot be both read-only and destructive")
     VERBS[entry.name] = entry
 
 
@@ -144,11 +171,13 @@ def verb(
     family: str,
     summary: str,
     rate_class: RateClass = "agent",
+    title: str | None = None,
+    hints: Hints = Hints(),
 ) -> Callable[[AgentHandler], AgentHandler]:
-    """Register a handler as an agent verb; adding a verb is this one decorator."""
+    """Register a handler as an agent verb; adding a verb is this one decorator (hints: how it treats state)."""
 
     def register(fn: AgentHandler) -> AgentHandler:
-        _register(Verb(name, input, output, family, summary, fn, rate_class))
+        _register(Verb(name, input, output, family, summary, fn, rate_class, title or default_title(name), hints))
         return fn
 
     return register
@@ -165,7 +194,7 @@ def admin_verb(
     """Register a handler as an admin verb with its CLI command; adding one is this one decorator."""
 
     def register(fn: AdminHandler) -> AdminHandler:
-        _register(Verb(name, input, output, "admin", summary, fn, surface="admin", cli=cli))
+        _register(Verb(name, input, output, "admin", summary, fn, title=default_title(name), surface="admin", cli=cli))
         return fn
 
     return register

@@ -17,8 +17,10 @@ import pytest
 
 from routing import sandbox_child
 from routing.models import Evaluation
-from routing.sandbox import ProtocolViolation, Reply, SandboxPool, encode_input, evaluate_in_process, parse_reply
-from routing.sandbox_child import FD_LIMIT, PARSED, PARSING, PROGRESS, RuleEngine, _Plan, _RulesClock, refusal
+from routing.sandbox import ProtocolViolation, Reply, SandboxPool, encode_input, parse_reply
+from routing.sandbox.protocol import PARSING, PROGRESS
+from routing.sandbox_child import FD_LIMIT, PARSED, RuleEngine, _Plan, _RulesClock, refusal
+from tests.routing.in_process import evaluate_in_process
 
 ENVELOPE: dict[str, Any] = {
     "source": "github",
@@ -120,7 +122,9 @@ async def test_runaway_rule_is_killed_and_the_next_rule_decides(pool: SandboxPoo
     elapsed = time.perf_counter() - started
     assert result.matched_index == 1
     assert causes(result) == [(0, "timeout")]
-    assert elapsed < 0.5
+    # The 50 ms budget is CPU time; on a loaded machine the wall clock runs longer, up to the per-rule safety
+    # bound (20x the timeout). What must hold is that the runaway never waits out the 2 s hard deadline.
+    assert elapsed < 1.5
 
 
 @pytest.mark.parametrize(
@@ -148,7 +152,9 @@ async def test_event_budget_exhaustion_is_recorded_per_rule() -> None:
 
 
 async def test_a_delivery_without_a_slot_gets_sandbox_busy() -> None:
-    sandbox = SandboxPool(max_children=1, rule_timeout=0.5, event_budget=1.0, acquire_timeout=0.02)
+    # The holder needs only to outlast the busy attempt; a small CPU budget keeps it a timeout (not the 2 s hard
+    # deadline's sandbox_failure) even when a loaded machine gives the child little CPU.
+    sandbox = SandboxPool(max_children=1, rule_timeout=0.2, event_budget=0.4, acquire_timeout=0.02)
     try:
         holder = asyncio.create_task(sandbox.evaluate(rules("def f: f; f"), None, ENVELOPE))
         await asyncio.sleep(0.05)
@@ -631,7 +637,7 @@ async def test_a_child_stopped_for_good_is_ended_by_the_hard_deadline() -> None:
 async def test_without_a_readable_cpu_clock_rules_are_timed_on_the_wall_clock(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("routing.sandbox._cpu_clock_id", lambda pid: 12345)  # no such clock: EINVAL
+    monkeypatch.setattr("routing.sandbox.child._cpu_clock_id", lambda pid: 12345)  # no such clock: EINVAL
     sandbox = SandboxPool()
     try:
         assert await sandbox.evaluate(rules(CLOSED), None, BIG_ENVELOPE) == Evaluation(matched_index=0)
