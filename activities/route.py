@@ -14,6 +14,7 @@ from routing.models import Evaluation, Fault
 from store.deliveries import DeliveryStore
 from store.errors import DomainError, NotFound, StoreRejected, StoreUnavailable
 from store.webhooks import WebhookStore
+from switchboard.metrics import record_delivery
 
 log = logging.getLogger("switchboard.activities")
 
@@ -38,11 +39,15 @@ class RouteActivities:
     async def load_grant(self, data: LoadGrantInput) -> LoadGrantResult:
         """The webhook's config, rules, params and live targets in target order."""
         try:
-            return LoadGrantResult(grant=await self.webhooks.load_grant(data.webhook_id))
+            grant = await self.webhooks.load_grant(data.webhook_id)
         except NotFound:
+            record_delivery("unknown", "gone")  # the workflow ends here: this is the delivery's decision
             return LoadGrantResult(grant=None)
         except DomainError as exc:
             raise application_error(exc, "load grant", data.webhook_id) from exc
+        if not grant.targets:
+            record_delivery(grant.source, "no_targets")
+        return LoadGrantResult(grant=grant)
 
     @activity.defn(name="evaluate_rules")
     async def evaluate_rules(self, data: EvaluateInput) -> Evaluation:
@@ -71,17 +76,27 @@ class RouteActivities:
             await asyncio.sleep(self.commit_delay)
         try:
             # The run id comes from the activity's own context, so the workflow's input to it stays unchanged.
-            return await self.deliveries.commit(data.model_copy(update={"run_id": activity.info().workflow_run_id}))
+            result = await self.deliveries.commit(data.model_copy(update={"run_id": activity.info().workflow_run_id}))
         except DomainError as exc:
             raise application_error(exc, "commit", data.delivery.webhook_id) from exc
+        # Recorded here, not in the workflow (which replays): once per committed delivery, retries aside.
+        faults = data.decision.trace.get("faults")
+        record_delivery(
+            data.delivery.source,
+            "duplicate" if result.duplicate else result.disposition,
+            faults if isinstance(faults, list) else (),
+        )
+        return result
 
     @activity.defn(name="commit_faulted")
     async def commit_faulted(self, data: FaultCommitInput) -> CommitResult:
         """Store a delivery whose commit was refused as faulted, with the error on its trace. Idempotent."""
         try:
-            return await self.deliveries.commit_faulted(data)
+            result = await self.deliveries.commit_faulted(data)
         except DomainError as exc:
             raise application_error(exc, "faulted commit", data.delivery.webhook_id) from exc
+        record_delivery(data.delivery.source, "faulted", data.faults)
+        return result
 
 
 # The ApplicationError type of a deterministic store failure: RouteDelivery ends the delivery as faulted on it.

@@ -7,6 +7,7 @@ from temporalio import activity
 from activities.models import UpkeepInput, UpkeepResult
 from store.events import EventStore
 from store.todos import TodoStore
+from switchboard.metrics import DEAD_LETTERS, LEASE_EXPIRIES
 
 
 class UpkeepActivities:
@@ -20,6 +21,8 @@ class UpkeepActivities:
     async def reap_todos(self, data: UpkeepInput) -> UpkeepResult:
         """Expired leases back to pending or dead letter; due retries back to pending."""
         counts = await self.todos.reap()
+        LEASE_EXPIRIES.inc(counts["requeued"] + counts["dead_lettered"])
+        DEAD_LETTERS.labels(cause="lease_expired").inc(counts["dead_lettered"])
         return UpkeepResult(**counts)
 
     @activity.defn(name="prune_retention")
