@@ -29,9 +29,13 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"strict-origin-when-cross-origin"),
 ]
 _SECURITY_NAMES = frozenset(name for name, _ in SECURITY_HEADERS)
-# The interactive docs need scripts and styles from the page itself (an inline start-up script and style), all
-# served by this app (api/docs.py): nothing from another origin may load.
-DOCS_CSP = b"default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'"
+# The interactive docs need scripts and styles from the page itself (an inline start-up script and style), and
+# Redoc runs its search index in a worker it makes from a blob; all served by this app (api/docs.py): nothing from
+# another origin may load.
+DOCS_CSP = (
+    b"default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; img-src 'self' data:;"
+    b" connect-src 'self'; worker-src 'self' blob:"
+)
 
 
 async def send_json(
