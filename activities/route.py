@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
+from activities.errors import application_errors
 from activities.models import EvaluateInput, LoadGrantInput, LoadGrantResult
 from routing.delivery import CommitInput, CommitResult, FaultCommitInput
 from routing.models import Evaluation, Fault
 from store.deliveries import DeliveryStore
-from store.errors import DomainError, NotFound, StoreRejected, StoreUnavailable
+from store.errors import NotFound
 from store.webhooks import WebhookStore
 from switchboard.metrics import record_delivery
-
-log = logging.getLogger("switchboard.activities")
 
 
 class RouteActivities:
@@ -36,6 +33,7 @@ class RouteActivities:
         self.commit_delay = commit_delay
 
     @activity.defn(name="load_grant")
+    @application_errors
     async def load_grant(self, data: LoadGrantInput) -> LoadGrantResult:
         """The webhook's config, rules, params and live targets in target order."""
         try:
@@ -43,13 +41,12 @@ class RouteActivities:
         except NotFound:
             record_delivery("unknown", "gone")  # the workflow ends here: this is the delivery's decision
             return LoadGrantResult(grant=None)
-        except DomainError as exc:
-            raise application_error(exc, "load grant", data.webhook_id) from exc
         if not grant.targets:
             record_delivery(grant.source, "no_targets")
         return LoadGrantResult(grant=grant)
 
     @activity.defn(name="evaluate_rules")
+    @application_errors
     async def evaluate_rules(self, data: EvaluateInput) -> Evaluation:
         """Evaluate the rule list in the sandbox, heartbeating so a dead worker is noticed in seconds."""
         if not data.rules:
@@ -69,16 +66,14 @@ class RouteActivities:
         return result
 
     @activity.defn(name="commit_delivery")
+    @application_errors
     async def commit_delivery(self, data: CommitInput) -> CommitResult:
         """One transaction: event, once-claim, todos, doorbell. Idempotent under retries."""
         if self.commit_delay:
             # Fault injection for crash tests only (SWITCHBOARD_FAULT_COMMIT_DELAY); zero in production.
             await asyncio.sleep(self.commit_delay)
-        try:
-            # The run id comes from the activity's own context, so the workflow's input to it stays unchanged.
-            result = await self.deliveries.commit(data.model_copy(update={"run_id": activity.info().workflow_run_id}))
-        except DomainError as exc:
-            raise application_error(exc, "commit", data.delivery.webhook_id) from exc
+        # The run id comes from the activity's own context, so the workflow's input to it stays unchanged.
+        result = await self.deliveries.commit(data.model_copy(update={"run_id": activity.info().workflow_run_id}))
         # Recorded here, not in the workflow (which replays): once per committed delivery, retries aside.
         faults = data.decision.trace.get("faults")
         record_delivery(
@@ -89,29 +84,9 @@ class RouteActivities:
         return result
 
     @activity.defn(name="commit_faulted")
+    @application_errors
     async def commit_faulted(self, data: FaultCommitInput) -> CommitResult:
         """Store a delivery whose commit was refused as faulted, with the error on its trace. Idempotent."""
-        try:
-            result = await self.deliveries.commit_faulted(data)
-        except DomainError as exc:
-            raise application_error(exc, "faulted commit", data.delivery.webhook_id) from exc
+        result = await self.deliveries.commit_faulted(data)
         record_delivery(data.delivery.source, "faulted", data.faults)
         return result
-
-
-# The ApplicationError type of a deterministic store failure: RouteDelivery ends the delivery as faulted on it.
-STORE_REJECTED = "StoreRejected"
-STORE_UNAVAILABLE = "StoreUnavailable"
-
-
-def application_error(exc: DomainError, what: str, webhook_id: str) -> ApplicationError:
-    """The one mapping from a store failure to Temporal: a refusal is final, an outage is retried."""
-    if isinstance(exc, StoreUnavailable):
-        # An outage must not lose work: Temporal retries until PostgreSQL answers again.
-        log.warning("%s failed for webhook %s (will retry): %s", what, webhook_id, exc.message)
-        return ApplicationError(f"{what} failed: {exc.message}", type=STORE_UNAVAILABLE)
-    error_type = exc.error_type if isinstance(exc, StoreRejected) else type(exc).__name__
-    log.error("%s refused for webhook %s: %s: %s", what, webhook_id, error_type, exc.message)
-    return ApplicationError(
-        f"{error_type}: {exc.message}", error_type, exc.message, type=STORE_REJECTED, non_retryable=True
-    )

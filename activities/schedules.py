@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pydantic import BaseModel
 from temporalio import activity
 
+from activities.errors import application_errors
 from routing.delivery import DeliveryInput
 from store.schedules import SCHEDULE_SOURCE, SCHEDULE_TRUST_MODE, ScheduleStore
 
@@ -63,6 +64,7 @@ class ScheduleActivities:
         self.schedules = schedules
 
     @activity.defn(name="prepare_schedule_fire")
+    @application_errors
     async def prepare_fire(self, data: PrepareFireInput) -> PrepareFireResult:
         """The fire as a delivery from the reserved source `schedule`, keyed by schedule id and slot."""
         row = await self.schedules.get(data.schedule_id)
@@ -98,6 +100,7 @@ class ScheduleActivities:
         return PrepareFireResult(delivery=delivery)
 
     @activity.defn(name="record_schedule_fire")
+    @application_errors
     async def record_fire(self, data: RecordFireInput) -> None:
         """Note the fire's event on the schedule row."""
         fired_at = datetime.fromisoformat(data.slot.replace("Z", "+00:00"))

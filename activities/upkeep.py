@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
+from activities.errors import application_errors
 from activities.models import UpkeepInput, UpkeepResult
 from store.events import EventStore
 from store.todos import TodoStore
@@ -18,6 +19,7 @@ class UpkeepActivities:
         self.events = events
 
     @activity.defn(name="reap_todos")
+    @application_errors
     async def reap_todos(self, data: UpkeepInput) -> UpkeepResult:
         """Expired leases back to pending or dead letter; due retries back to pending."""
         counts = await self.todos.reap()
@@ -26,6 +28,7 @@ class UpkeepActivities:
         return UpkeepResult(**counts)
 
     @activity.defn(name="prune_retention")
+    @application_errors
     async def prune_retention(self, data: UpkeepInput) -> UpkeepResult:
         """Events and terminal todos older than the retention window; live work and once-claims stay."""
         counts = await self.events.prune(data.retention_days)

@@ -23,7 +23,7 @@ from api.mcp import McpSurface
 from api.metrics import router as metrics_router
 from api.middleware import AgentAuthMiddleware, BodyLimitMiddleware, RequestLogMiddleware
 from routing.sandbox import SandboxPool
-from store.db import open_pool
+from store.db import open_pool, ping
 from store.doorbell import DoorbellStore
 from switchboard.logs import install_masking
 from switchboard.metrics import sandbox_observer
@@ -119,8 +119,7 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
 
         async def postgres() -> None:
             health_pool = svc.extras.get("health_pool", svc.pool)
-            async with health_pool.connection(timeout=limit) as conn:
-                await conn.execute("SELECT 1")
+            await ping(health_pool, wait=limit)
 
         async def temporal() -> None:
             assert svc.temporal is not None

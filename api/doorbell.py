@@ -20,7 +20,8 @@ Revoking an endpoint NOTIFYs `switchboard_revoked`; every process closes that en
 MCP sessions at once. The same round trip re-checks the endpoints with open streams here, so a revoke
 missed while reconnecting still closes them within one check.
 
-The LISTEN connection is the one psycopg use outside `store/`: it is a transport, not a query.
+The LISTEN connection itself is opened and read through `store.doorbell.Listener`, like every other use of
+PostgreSQL.
 """
 
 from __future__ import annotations
@@ -36,12 +37,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-import psycopg
-from psycopg import Notify
-
-from store.db import KEEPALIVES
 from store.deliveries import DOORBELL_CHANNEL
-from store.doorbell import REVOKED_CHANNEL, DoorbellStore, RingRow, listen
+from store.doorbell import REVOKED_CHANNEL, DoorbellStore, Listener, Note, RingRow
 from switchboard.metrics import DOORBELL_DROPS, DOORBELL_RINGS, bounded
 
 log = logging.getLogger("switchboard.doorbell")
@@ -306,12 +303,7 @@ class DoorbellListener:
         failing = False
         while True:
             try:
-                conn = await asyncio.wait_for(
-                    psycopg.AsyncConnection.connect(
-                        self.database_url, autocommit=True, connect_timeout=10, **KEEPALIVES
-                    ),
-                    15,
-                )
+                conn = await asyncio.wait_for(Listener.connect(self.database_url), 15)
             except Exception as exc:  # the relay must outlive any failure; cancellation still stops it
                 if not failing:
                     log.warning("doorbell cannot connect (%s); retrying with backoff", _reason(exc))
@@ -332,9 +324,9 @@ class DoorbellListener:
             await asyncio.sleep(backoff)
             backoff = min(self.max_backoff, backoff * 2)
 
-    async def _serve(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def _serve(self, conn: Listener) -> None:
         """LISTEN, catch up on any gap, then relay notifications while proving the connection alive."""
-        await asyncio.wait_for(listen(conn, self.ping_channel), self.check_seconds * 2 + 5)
+        await asyncio.wait_for(conn.listen(self.ping_channel), self.check_seconds * 2 + 5)
         await self._round_trip(conn)  # heard from here on: what committed before is the catch-up's
         self.connects += 1
         self.listening.set()
@@ -357,7 +349,7 @@ class DoorbellListener:
         self._owed = None
         return found
 
-    async def _round_trip(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def _round_trip(self, conn: Listener) -> None:
         """Send a ping through the pool and relay notifications until it comes back; Deaf if it does not in time."""
         token = secrets.token_hex(8)
         started = time.monotonic()
@@ -373,7 +365,7 @@ class DoorbellListener:
             if left <= 0 or (heard and first):  # the first round trip only has to prove the connection
                 break
             # aclosing: leaving the loop early must release the connection's lock and keep its backlog.
-            async with contextlib.aclosing(conn.notifies(timeout=left)) as notes:
+            async with contextlib.aclosing(conn.notifies(left)) as notes:
                 async for note in notes:
                     if note.channel == self.ping_channel:
                         heard = heard or note.payload == token
@@ -386,7 +378,7 @@ class DoorbellListener:
         # Heard: everything committed before the ping was sent has been delivered to this connection.
         self.alive_at = check.now
 
-    async def _relay(self, note: Notify, now: datetime) -> None:
+    async def _relay(self, note: Note, now: datetime) -> None:
         try:
             if note.channel == REVOKED_CHANNEL:
                 await self.hub.revoke(note.payload)

@@ -1,27 +1,79 @@
-"""One translation from domain errors to the stable HTTP error shape."""
+"""The API's one translation of errors: a stable code's HTTP status and the `{"error": {code, message}}` body.
+
+Domain errors (store/errors.py) carry only a stable code and a client-safe message; which HTTP status a code
+answers with is decided here and nowhere else. A new code gets its row in `STATUS`, or it answers 500.
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from store.db import UNAVAILABLE_ERRORS
-from store.errors import DomainError
+from routing.rules import ERROR_CODES as RULE_ERROR_CODES
+from store.errors import DomainError, StoreUnavailable
 from switchboard.logs import mask_secrets
 
 log = logging.getLogger("switchboard.api")
 
+STATUS: dict[str, int] = {
+    "unauthenticated": 401,
+    "forbidden": 403,
+    "ceiling_exceeded": 403,
+    "forbidden_source_type": 403,
+    "not_found": 404,
+    "rule_not_found": 404,
+    "conflict": 409,
+    "too_large": 413,
+    "invalid_argument": 422,
+    # Save-time rule validation codes, verbatim from routing; not_granted surfaces as forbidden (store/rules.py).
+    **{code: 422 for code in RULE_ERROR_CODES if code != "not_granted"},
+    "rate_limited": 429,
+    "internal": 500,
+    "unavailable": 503,
+    "sandbox_busy": 503,
+}
+"""Stable error code → HTTP status, for every code the agent, admin and MCP surfaces answer with."""
 
-UNAVAILABLE_BODY = {"error": {"code": "unavailable", "message": "the database is unavailable, retry later"}}
+# The failure is ours and its message names our schema (a refused statement): the client sees "internal".
+_HIDDEN = frozenset({"internal", "store_rejected"})
+
+UNAVAILABLE_MESSAGE = "the database is unavailable, retry later"
 
 
-def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def status_for(code: str) -> int:
+    """The HTTP status of a stable error code (500 for a code without a row, which is a bug to fix here)."""
+    return STATUS.get(code, 500)
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
     """The agent/admin error body: {"error": {"code", "message"}}."""
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+    return {"error": {"code": code, "message": message}}
+
+
+def error_response(
+    code: str, message: str, headers: dict[str, str] | None = None, *, status: int | None = None
+) -> JSONResponse:
+    """The error body with its code's status (or `status`, for a framework status such as 405)."""
+    return JSONResponse(
+        error_body(code, message), status_code=status if status is not None else status_for(code), headers=headers
+    )
+
+
+def public_error(exc: DomainError, where: str = "") -> tuple[str, str]:
+    """(code, message) a client may see for a domain error; failures that are ours are logged here, once."""
+    if isinstance(exc, StoreUnavailable):
+        # PostgreSQL down or the pool exhausted past its timeout: a retry later can succeed, so 503, not 500.
+        log.warning("database unavailable on %s: %s", where, exc.message)
+        return "unavailable", UNAVAILABLE_MESSAGE
+    if exc.code in _HIDDEN or exc.code not in STATUS:
+        log.error("%s failed: %s: %s", where, type(exc).__name__, exc.message, exc_info=exc)
+        return "internal", "internal error"
+    return exc.code, exc.message
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -33,38 +85,29 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+# Framework refusals (unknown route, wrong method, body too large) by status: their stable code.
+_CODE_BY_HTTP_STATUS = {401: "unauthenticated", 403: "forbidden", 404: "not_found", 405: "not_found", 413: "too_large"}
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Map domain errors, validation errors and stray exceptions to stable codes."""
 
     @app.exception_handler(DomainError)
     async def _domain(request: Request, exc: DomainError) -> JSONResponse:
-        return error_response(exc.status, exc.code, exc.message)
+        code, message = public_error(exc, f"{request.method} {mask_secrets(request.url.path)}")
+        return error_response(code, message)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(422, "invalid_argument", _validation_message(exc))
+        return error_response("invalid_argument", _validation_message(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {
-            401: "unauthenticated",
-            403: "forbidden",
-            404: "not_found",
-            405: "not_found",
-            413: "too_large",
-        }.get(exc.status_code, "invalid_argument" if exc.status_code < 500 else "internal")
-        return error_response(exc.status_code, code, str(exc.detail))
-
-    async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
-        # PostgreSQL down or the pool exhausted past its timeout: a retry later can succeed, so 503, not 500.
-        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)
-        return JSONResponse(UNAVAILABLE_BODY, status_code=503)
-
-    for unavailable in UNAVAILABLE_ERRORS:
-        app.add_exception_handler(unavailable, _unavailable)
+        code = _CODE_BY_HTTP_STATUS.get(exc.status_code, "invalid_argument" if exc.status_code < 500 else "internal")
+        return error_response(code, str(exc.detail), status=exc.status_code)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # The path may carry an ingest token: masked here, and again by the process-wide record factory.
         log.exception("unexpected error on %s %s", request.method, mask_secrets(request.url.path))
-        return error_response(500, "internal", "internal error")
+        return error_response("internal", "internal error")

@@ -21,10 +21,10 @@ from routing.collectors import BrokenCollectorConfig, delivery_kind, stored_coll
 from routing.delivery import CommitResult, DeliveryInput
 from routing.envelope import parse_payload
 from routing.headers import lower_headers, sanitize_headers
-from routing.models import RESERVED_SOURCES, ingest_wait_seconds
-from routing.signatures import SOURCE_TYPES, MissingSecret, delivery_id, verify
+from routing.signatures import MissingSecret
+from routing.sources import delivery_id, find_source, ingest_wait_seconds, verify
 from routing.text import MAX_HEADER_VALUE_CHARS, clean_optional
-from store.db import UNAVAILABLE_ERRORS
+from store.errors import StoreUnavailable
 from store.inbox import InboxReason
 from store.models import IngestWebhook
 from switchboard.metrics import record_ingest
@@ -37,7 +37,7 @@ log = logging.getLogger("switchboard.ingest")
 router = APIRouter(tags=["ingest"])
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
 # PostgreSQL unreachable, or too slow to answer inside the producer's window.
-_UNAVAILABLE: tuple[type[BaseException], ...] = (TimeoutError, *UNAVAILABLE_ERRORS)
+_UNAVAILABLE = (TimeoutError, StoreUnavailable)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -107,9 +107,10 @@ async def _receive(ingest_token: str, request: Request) -> JSONResponse:
         webhook = await _lookup(svc, ingest_token)
     except _UNAVAILABLE:
         return _error(503, "storage is unavailable, retry later")
-    if webhook is None or webhook.source_type in RESERVED_SOURCES:
+    source_row = find_source(webhook.source_type) if webhook is not None else None
+    if webhook is None or (source_row is not None and source_row.reserved):
         return gate.refuse(404, "unknown webhook")
-    if webhook.source_type not in SOURCE_TYPES:
+    if source_row is None:
         # A stored source type this build does not know how to verify: refuse, never accept unverified.
         log.error("webhook source type is unknown", extra={"webhook_id": webhook.id})
         return _error(503, "webhook configuration is unreadable; nothing was accepted")
@@ -119,7 +120,7 @@ async def _receive(ingest_token: str, request: Request) -> JSONResponse:
     headers = lower_headers(raw_headers)
     try:
         # Fail closed: a stored collector configuration that does not parse may have required an HMAC.
-        collector = stored_collector_config(webhook.config) if webhook.source_type == "generic" else None
+        collector = stored_collector_config(webhook.config) if source_row.collector else None
     except BrokenCollectorConfig:
         log.error("webhook collector configuration does not parse", extra={"webhook_id": webhook.id})
         return _error(503, "webhook configuration is unreadable; nothing was accepted")
@@ -146,7 +147,7 @@ async def _receive(ingest_token: str, request: Request) -> JSONResponse:
         return gate.refuse(401, "signature verification failed")
 
     payload = parse_payload(body)
-    if webhook.source_type == "slack" and _is_url_verification(payload):
+    if source_row.url_verification and _is_url_verification(payload):
         # Slack's endpoint handshake (signed like any delivery): answer the challenge, mint nothing.
         return JSONResponse({"challenge": payload["challenge"]}, status_code=200)
 

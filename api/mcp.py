@@ -36,6 +36,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from api.deps import Services
 from api.doorbell import StreamClosed
+from api.errors import error_body, public_error, status_for
 from api.middleware import send_json
 from api.ratelimit import retry_after
 from api.verbs import REGISTRY
@@ -155,7 +156,7 @@ class McpSurface:
         try:
             caller = _caller(ctx)
         except DomainError as exc:
-            return _error(exc.code, exc.message)
+            return _error(*public_error(exc, "mcp"))
         verb = REGISTRY.get(params.name)
         if verb is None:
             return _error("not_found", f"unknown tool {clean_text(params.name[:100])}")
@@ -173,7 +174,7 @@ class McpSurface:
         try:
             result: BaseModel = await verb.handler(Context(caller=caller, services=svc), data)
         except DomainError as exc:
-            return _error(exc.code, exc.message)
+            return _error(*public_error(exc, f"tool {verb.name}"))
         except Exception:
             log.exception("tool %s failed", verb.name)
             return _error("internal", "internal error")
@@ -200,7 +201,9 @@ class McpSurface:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         caller = scope.get("state", {}).get("caller")
         if not isinstance(caller, Caller):  # AgentAuthMiddleware answers first; this is a second lock
-            await send_json(send, 401, {"error": {"code": "unauthenticated", "message": "missing bearer credential"}})
+            await send_json(
+                send, status_for("unauthenticated"), error_body("unauthenticated", "missing bearer credential")
+            )
             return
         # Binds each session to the endpoint that opened it: the SDK answers 404 to anyone else.
         scope["user"] = AuthenticatedUser(

@@ -13,11 +13,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.bodies import read_capped
 from api.deps import Services
-from api.errors import UNAVAILABLE_BODY
+from api.errors import error_body, public_error, status_for
 from api.ratelimit import retry_after
 from api.verbs import REGISTRY
-from store.db import UNAVAILABLE_ERRORS
-from store.errors import Unauthenticated
+from store.errors import DomainError, Unauthenticated
 from switchboard.logs import mask_secrets
 
 log = logging.getLogger("switchboard.http")
@@ -123,8 +122,8 @@ class BodyLimitMiddleware:
         if read is None:
             await send_json(
                 send,
-                413,
-                {"error": {"code": "too_large", "message": "request body too large"}},
+                status_for("too_large"),
+                error_body("too_large", "request body too large"),
                 [(b"connection", b"close")],
             )
             return
@@ -175,8 +174,8 @@ class AgentAuthMiddleware:
         if not token:
             await send_json(
                 send,
-                401,
-                {"error": {"code": "unauthenticated", "message": "missing bearer credential"}},
+                status_for("unauthenticated"),
+                error_body("unauthenticated", "missing bearer credential"),
                 [(b"www-authenticate", b"Bearer")],
             )
             return
@@ -185,13 +184,14 @@ class AgentAuthMiddleware:
         except Unauthenticated as exc:
             await send_json(
                 send,
-                401,
-                {"error": {"code": "unauthenticated", "message": exc.message}},
+                status_for(exc.code),
+                error_body(exc.code, exc.message),
                 [(b"www-authenticate", b"Bearer")],
             )
             return
-        except UNAVAILABLE_ERRORS:
-            await send_json(send, 503, UNAVAILABLE_BODY)
+        except DomainError as exc:
+            code, message = public_error(exc, "authenticate")
+            await send_json(send, status_for(code), error_body(code, message))
             return
         if path.startswith("/v1/"):
             name = path[len("/v1/") :]
@@ -199,21 +199,16 @@ class AgentAuthMiddleware:
             if verb is not None and name not in caller.scope_verbs:
                 await send_json(
                     send,
-                    403,
-                    {
-                        "error": {
-                            "code": "forbidden",
-                            "message": f"verb {name} is not in this endpoint's allowlist",
-                        }
-                    },
+                    status_for("forbidden"),
+                    error_body("forbidden", f"verb {name} is not in this endpoint's allowlist"),
                 )
                 return
             wait = services.limits_for(verb.rate_class if verb is not None else "agent").take(caller.endpoint_id)
             if wait:
                 await send_json(
                     send,
-                    429,
-                    {"error": {"code": "rate_limited", "message": "rate limit exceeded"}},
+                    status_for("rate_limited"),
+                    error_body("rate_limited", "rate limit exceeded"),
                     [(b"retry-after", retry_after(wait).encode())],
                 )
                 return

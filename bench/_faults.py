@@ -40,7 +40,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from routing.signatures import sign_github
+from tests.signing import sign_github
 
 BIN = Path(sys.executable).parent
 LATE_SECONDS = 10.0  # GitHub gives up on a delivery after 10 s

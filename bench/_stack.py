@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from routing.signatures import sign_github
+from tests.signing import sign_github
 
 BIN = Path(sys.executable).parent
 

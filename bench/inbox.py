@@ -14,6 +14,7 @@ import os
 import secrets
 import signal
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -25,14 +26,16 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from api.app import create_app
 from routing.delivery import DeliveryInput
-from routing.signatures import sign_github
 from store.db import migrate, open_pool
 from store.inbox import InboxStore
 from switchboard.embedded import search_attribute_args, start_postgres, temporal_cli
 from switchboard.relay import InboxRelay
 from switchboard.settings import Settings
+from tests.signing import sign_github
 from workflows.route_delivery import workflow_id_for
 
 

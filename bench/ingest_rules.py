@@ -28,7 +28,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._stack import dev_stack, drive, percentile, post_signed_issue
-from routing.signatures import sign_github
+from tests.signing import sign_github
 
 
 def issue_body(i: int) -> bytes:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._stack import dev_stack, drive
 from routing.sandbox import SandboxPool, encode_input, evaluate_in_process
-from routing.signatures import sign_github
+from tests.signing import sign_github
 
 ITERATIONS = 500
 RUNAWAY_ITERATIONS = 20

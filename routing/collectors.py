@@ -14,10 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from routing.envelope import derive_kind
 from routing.signatures import GenericHmac
+from routing.sources import CLOUDEVENTS_STRUCTURED, find_source, media_type
 from routing.text import MAX_KIND_CHARS, MAX_SUBJECT_CHARS, cap_text, clean_text
 
 MAX_PATH_SEGMENTS = 16
-CLOUDEVENTS_STRUCTURED = "application/cloudevents+json"
 
 # A simple dotted path: object keys (and list indexes) separated by dots, optionally led by one dot
 # (jq style). No wildcards, filters or quoting: the path is configuration evaluated on every delivery.
@@ -162,8 +162,7 @@ def collector_config(config: Mapping[str, Any] | None) -> CollectorConfig:
 
 def is_structured_cloudevent(content_type: str | None) -> bool:
     """True for a CloudEvents structured-mode body (application/cloudevents+json)."""
-    media_type = (content_type or "").split(";", 1)[0].strip().lower()
-    return media_type == CLOUDEVENTS_STRUCTURED
+    return media_type(content_type) == CLOUDEVENTS_STRUCTURED
 
 
 def cloudevent(headers: Mapping[str, str], payload: Any) -> dict[str, str | None] | None:
@@ -223,7 +222,8 @@ def delivery_kind(
 ) -> str | None:
     """A delivery's .kind exactly as the receiver derives it; the dry-run uses the same function."""
     kind = derive_kind(source, headers, payload)
-    if source == "generic":
+    row = find_source(source)
+    if row is not None and row.collector:
         kind = derive_generic_kind(collector_config(config), headers, payload, forge_kind=kind)
     # Capped here too: a fixed kind or a default is stored configuration, but every .kind gets one rule.
     return None if kind is None else cap_text(kind, MAX_KIND_CHARS)

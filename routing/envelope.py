@@ -8,6 +8,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from routing.sources import FORGE_KIND, find_source
 from routing.text import (
     MAX_KIND_CHARS,
     MAX_SUBJECT_CHARS,
@@ -17,8 +18,6 @@ from routing.text import (
     replace_lone_surrogates,
 )
 
-KIND_HEADERS = ("x-github-event", "x-gitea-event", "x-cairn-event")
-FORGE_SOURCES = ("gitea", "github", "generic")
 CAIRN_HANDLE_PREFIX = "mcp://cairn/"
 LABEL_ACTIONS = frozenset({"labeled", "unlabeled", "label_updated", "label_cleared"})
 # GitHub names the changed label only on these actions; Gitea's label_updated never says which moved.
@@ -104,13 +103,14 @@ def parse_payload(body: bytes) -> Any:
 
 
 def derive_kind(source: str, headers: Mapping[str, str], payload: Any) -> str | None:
-    """cairn: the signed body's kind; otherwise the forge event headers in the spec's order."""
-    if source == "cairn":
-        # The signed body wins: the X-Cairn-Event header is unsigned and must not change a verified kind.
-        if isinstance(payload, dict) and isinstance(payload.get("kind"), str) and payload["kind"]:
-            return cap_text(payload["kind"], MAX_KIND_CHARS)
-        return None
-    for name in KIND_HEADERS:
+    """.kind by the source type's kind rule (routing/sources.py): a signed body field, else its event headers."""
+    row = find_source(source)
+    rule = row.kind if row is not None else FORGE_KIND
+    if rule.body_field is not None:
+        value = payload.get(rule.body_field) if isinstance(payload, dict) else None
+        # A body-kinded source never falls back to a header: the headers are unsigned (cairn's X-Cairn-Event).
+        return cap_text(value, MAX_KIND_CHARS) if isinstance(value, str) and value else None
+    for name in rule.headers:
         value = headers.get(name)
         if value:
             return cap_text(value, MAX_KIND_CHARS)
@@ -156,14 +156,15 @@ def build_artifact(payload: Any) -> dict[str, Any]:
 
 def build_issue(source: str, headers: Mapping[str, str], payload: Any) -> dict[str, Any] | None:
     """The .issue projection (SPEC-0020 "Issue Envelope Projection"), or None when not an issue."""
-    if source not in FORGE_SOURCES:
+    row = find_source(source)
+    if row is None or row.issue_provider is None:
         return None
     gitea_event = headers.get("x-gitea-event")
     github_event = headers.get("x-github-event")
     event = gitea_event or github_event
     if event != "issues":
         return None
-    if source == "generic":
+    if row.issue_provider == "event_header":
         provider = "gitea" if gitea_event else "github"
     else:
         provider = source

@@ -2,38 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from routing.sources import SOURCE_TYPES as SOURCE_TYPES
+from routing.sources import SOURCES
 from routing.text import MAX_DETAIL_CHARS, clean_optional
 
-TRUST_BY_SOURCE: dict[str, str] = {
-    "github": "signed",
-    "gitea": "signed",
-    "stripe": "signed",
-    "slack": "signed",
-    "cairn": "signed",
-    "generic": "token",
-}
-SOURCE_TYPES = tuple(TRUST_BY_SOURCE)
-RESERVED_SOURCES = ("schedule",)
+# Views of the source-type table (routing/sources.py) for the modules that read a trust mode or the public
+# source types by these names (SOURCE_TYPES is re-exported); the table is the one place that knows them.
+TRUST_BY_SOURCE: Mapping[str, str] = MappingProxyType({name: SOURCES[name].trust_mode for name in SOURCE_TYPES})
 
 OnFault = Literal["continue", "hold"]
 # "continue": a faulted rule is a no-match (SPEC-0020). "hold": any fault stops evaluation and the event is
 # stored as faulted, minting nothing, so owners who gate trust with drop rules fail closed.
 ON_FAULT_VALUES: tuple[str, ...] = ("continue", "hold")
-# The longest a producer of each source may wait for its answer (ours), inside its own window: Slack gives up
-# after 3 s, Gitea after 5 s (its DELIVER_TIMEOUT default). Others get SWITCHBOARD_INGEST_WAIT_SECONDS.
-INGEST_WAIT_CAP_SECONDS: dict[str, float] = {
-    "slack": 2.5,
-    "gitea": 4.0,
-}
-
-
-def ingest_wait_seconds(source: str, default: float) -> float:
-    """How long the receiver may wait for a delivery of this source before answering pending."""
-    return min(default, INGEST_WAIT_CAP_SECONDS.get(source, default))
 
 
 class Target(BaseModel):

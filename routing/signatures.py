@@ -1,4 +1,8 @@
-"""Webhook signature verification and delivery-id derivation. Pure: no I/O, the clock is a parameter."""
+"""Webhook signature schemes, one verifier per scheme. Pure: no I/O, the clock is a parameter.
+
+Which source type uses which verifier is the source-type table's business (routing/sources.py), and so is
+dispatching on a source type: this module knows schemes, not sources.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +12,10 @@ import hashlib
 import hmac
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
-
-from routing.text import MAX_DELIVERY_ID_BYTES, clean_text
-
-SIGNED_SOURCES: frozenset[str] = frozenset({"github", "gitea", "stripe", "slack", "cairn"})
-SOURCE_TYPES: frozenset[str] = SIGNED_SOURCES | {"generic"}
 
 REPLAY_WINDOW_S = 300
 
@@ -41,6 +40,10 @@ class Verification:
     ok: bool
     verified: bool
     detail: str
+
+
+Verifier = Callable[[bytes, Mapping[str, str], bytes, float], Verification]
+"""A scheme's check: (secret, lower-cased headers, raw body, now) → Verification. Schemes without a clock ignore now."""
 
 
 @dataclass(frozen=True)
@@ -103,16 +106,18 @@ def _verify_sha256_prefixed(secret: bytes, value: str | None, body: bytes) -> Ve
     return _ok()
 
 
-def _verify_github(secret: bytes, headers: Mapping[str, str], body: bytes) -> Verification:
+def verify_github(secret: bytes, headers: Mapping[str, str], body: bytes, now: float) -> Verification:
+    """GitHub: `X-Hub-Signature-256: sha256=<hex>` over the body; no replay window (GitHub sends no timestamp)."""
     return _verify_sha256_prefixed(secret, _header(headers, "x-hub-signature-256"), body)
 
 
-def _verify_gitea(secret: bytes, headers: Mapping[str, str], body: bytes) -> Verification:
+def verify_gitea(secret: bytes, headers: Mapping[str, str], body: bytes, now: float) -> Verification:
+    """Gitea: bare-hex `X-Gitea-Signature` over the body, else the GitHub-compatible header; no replay window."""
     bare = _header(headers, "x-gitea-signature")
     if bare is None:
         # Gitea also sends the GitHub-compatible header; only consult it when its own is absent, so a
         # wrong X-Gitea-Signature can't be rescued by a second header.
-        return _verify_github(secret, headers, body)
+        return verify_github(secret, headers, body, now)
     if not _HEX64.fullmatch(bare):
         return _fail("malformed_signature")
     if not _hex_matches(_mac(secret, body), bare):
@@ -120,7 +125,8 @@ def _verify_gitea(secret: bytes, headers: Mapping[str, str], body: bytes) -> Ver
     return _ok()
 
 
-def _verify_stripe(secret: bytes, headers: Mapping[str, str], body: bytes, now: float) -> Verification:
+def verify_stripe(secret: bytes, headers: Mapping[str, str], body: bytes, now: float) -> Verification:
+    """Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=…]` over `<t>.<body>`; any v1 may match; t within the window."""
     value = _header(headers, "stripe-signature")
     if value is None:
         return _fail("missing_signature")
@@ -154,7 +160,8 @@ def _verify_stripe(secret: bytes, headers: Mapping[str, str], body: bytes, now: 
     return _ok()
 
 
-def _verify_slack(secret: bytes, headers: Mapping[str, str], body: bytes, now: float) -> Verification:
+def verify_slack(secret: bytes, headers: Mapping[str, str], body: bytes, now: float) -> Verification:
+    """Slack: `X-Slack-Signature: v0=<hex>` over `v0:<ts>:<body>`, ts from `X-Slack-Request-Timestamp`, in the window."""
     value = _header(headers, "x-slack-signature")
     ts = _header(headers, "x-slack-request-timestamp")
     if value is None:
@@ -190,7 +197,8 @@ def parse_rfc3339(value: str) -> datetime | None:
         return None
 
 
-def _json_object(body: bytes) -> dict[str, Any] | None:
+def json_object(body: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object, or None; how signed-body fields (cairn's event_id, delivery ids) are read."""
     try:
         value = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -198,12 +206,13 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _verify_cairn(secret: bytes, headers: Mapping[str, str], body: bytes, now: float) -> Verification:
+def verify_cairn(secret: bytes, headers: Mapping[str, str], body: bytes, now: float) -> Verification:
+    """cairn: `X-Cairn-Signature: sha256=<hex>` over a body that carries event_id and a created_at in the window."""
     sig = _verify_sha256_prefixed(secret, _header(headers, "x-cairn-signature"), body)
     if not sig.ok:
         return sig
     # Cairn's replay protection lives inside the signed body, so only now may we trust its fields.
-    doc = _json_object(body)
+    doc = json_object(body)
     if doc is None:
         return _fail("invalid_body")
     event_id = doc.get("event_id")
@@ -246,124 +255,10 @@ def _verify_generic_hmac(secret: bytes, config: GenericHmac, headers: Mapping[st
     return _ok() if _hex_matches(expected, hex_part) else _fail("signature_mismatch")
 
 
-def verify(
-    source_type: str,
-    secret: bytes | None,
-    headers: Mapping[str, str],
-    body: bytes,
-    now: float,
-    *,
-    generic_hmac: GenericHmac | None = None,
-) -> Verification:
-    """Verify a delivery against its source type's scheme; headers must already be lower-cased."""
-    if source_type not in SOURCE_TYPES:
-        raise ValueError(f"unknown source type: {source_type!r}")
-    if source_type == "generic" and generic_hmac is None:
-        # Token trust: the unguessable URL already authenticated the caller; the body is not verified.
-        return Verification(ok=True, verified=False, detail="token")
-    # An empty key is an HMAC anyone can compute, so it counts as no secret at all.
-    if not secret:
-        raise MissingSecret(source_type)
-    if source_type == "github":
-        return _verify_github(secret, headers, body)
-    if source_type == "gitea":
-        return _verify_gitea(secret, headers, body)
-    if source_type == "stripe":
-        return _verify_stripe(secret, headers, body, now)
-    if source_type == "slack":
-        return _verify_slack(secret, headers, body, now)
-    if source_type == "cairn":
-        return _verify_cairn(secret, headers, body, now)
-    assert generic_hmac is not None
-    return _verify_generic_hmac(secret, generic_hmac, headers, body)
+def generic_hmac_verifier(config: GenericHmac) -> Verifier:
+    """The verifier for a generic collector's configured HMAC-SHA256 (its header and encoding)."""
 
+    def verifier(secret: bytes, headers: Mapping[str, str], body: bytes, now: float) -> Verification:
+        return _verify_generic_hmac(secret, config, headers, body)
 
-def _usable_id(value: object) -> str | None:
-    """A candidate id if it is a non-empty string of at most 256 UTF-8 bytes (after cleaning, routing.text)."""
-    if not isinstance(value, str):
-        return None
-    # Cleaned first, so NUL or a lone surrogate becomes U+FFFD and the byte cap measures what is stored.
-    value = clean_text(value.strip())
-    # Oversized ids are producer-controlled and would bloat the unique index; fall through instead.
-    if not value or len(value.encode("utf-8")) > MAX_DELIVERY_ID_BYTES:
-        return None
-    return value
-
-
-def _is_structured_cloudevent(headers: Mapping[str, str]) -> bool:
-    media_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    return media_type == "application/cloudevents+json"
-
-
-def _body_field(body: bytes, field: str) -> str | None:
-    doc = _json_object(body)
-    return _usable_id(doc.get(field)) if doc is not None else None
-
-
-def body_fallback_id(body: bytes) -> str:
-    """The content-addressed delivery id used when the producer supplies none."""
-    return "sha256:" + hashlib.sha256(body).hexdigest()
-
-
-def delivery_id(source_type: str, headers: Mapping[str, str], body: bytes) -> str:
-    """The producer's delivery id for dedup, or a SHA-256 of the body when there is none usable."""
-    if source_type not in SOURCE_TYPES:
-        raise ValueError(f"unknown source type: {source_type!r}")
-    found: str | None = None
-    if source_type == "cairn":
-        found = _body_field(body, "event_id")
-    elif source_type == "github":
-        found = _usable_id(headers.get("x-github-delivery"))
-    elif source_type == "gitea":
-        found = _usable_id(headers.get("x-gitea-delivery"))
-    elif source_type == "stripe":
-        found = _body_field(body, "id")
-    elif source_type == "slack":
-        found = _body_field(body, "event_id")
-    else:
-        for name in ("x-delivery-id", "webhook-id", "ce-id"):
-            found = _usable_id(headers.get(name))
-            if found is not None:
-                break
-        if found is None and _is_structured_cloudevent(headers):
-            found = _body_field(body, "id")
-    return found if found is not None else body_fallback_id(body)
-
-
-def sign_github(secret: bytes, body: bytes) -> dict[str, str]:
-    """Headers GitHub would send for body signed with secret."""
-    return {"x-hub-signature-256": "sha256=" + _mac(secret, body).hex()}
-
-
-def sign_gitea(secret: bytes, body: bytes) -> dict[str, str]:
-    """Headers Gitea would send (its bare-hex header) for body signed with secret."""
-    return {"x-gitea-signature": _mac(secret, body).hex()}
-
-
-def sign_stripe(secret: bytes, body: bytes, t: int) -> dict[str, str]:
-    """Headers Stripe would send for body signed with secret at unix time t."""
-    digest = _mac(secret, str(t).encode("ascii") + b"." + body).hex()
-    return {"stripe-signature": f"t={t},v1={digest}"}
-
-
-def sign_slack(secret: bytes, body: bytes, ts: int) -> dict[str, str]:
-    """Headers Slack would send for body signed with secret at unix time ts."""
-    digest = _mac(secret, b"v0:" + str(ts).encode("ascii") + b":" + body).hex()
-    return {"x-slack-signature": "v0=" + digest, "x-slack-request-timestamp": str(ts)}
-
-
-def sign_cairn(secret: bytes, body: bytes) -> dict[str, str]:
-    """Headers cairn would send for body signed with secret (event_id/created_at live in the body)."""
-    return {"x-cairn-signature": "sha256=" + _mac(secret, body).hex()}
-
-
-def sign_generic(secret: bytes, body: bytes, config: GenericHmac) -> dict[str, str]:
-    """Headers a generic producer configured with config would send for body."""
-    digest = _mac(secret, body)
-    if config.format == "base64":
-        value = base64.b64encode(digest).decode("ascii")
-    elif config.format == "hex":
-        value = digest.hex()
-    else:
-        value = "sha256=" + digest.hex()
-    return {config.header.lower(): value}
+    return verifier

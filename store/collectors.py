@@ -7,10 +7,10 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from routing.collectors import CollectorConfig
-from routing.models import RESERVED_SOURCES
+from routing.sources import RESERVED_SOURCES, find_source
 from store.crypto import SecretBox
 from store.db import Pool
-from store.errors import InvalidArgument, NotFound
+from store.errors import InvalidArgument, NotFound, translates_errors
 from store.ids import new_webhook_secret
 from store.models import Caller
 from store.webhooks import collector_secret_context
@@ -23,6 +23,7 @@ class CollectorStore:
         self.pool = pool
         self.box = box
 
+    @translates_errors
     async def configure(
         self, caller: Caller, webhook_id: str, config: CollectorConfig, *, rotate_secret: bool
     ) -> dict[str, Any]:
@@ -41,7 +42,8 @@ class CollectorStore:
             row = await cur.fetchone()
             if row is None:
                 raise NotFound("unknown webhook")
-            if row["source_type"] != "generic" and (config.hmac is not None or config.kind is not None):
+            source = find_source(row["source_type"])
+            if (source is None or not source.collector) and (config.hmac is not None or config.kind is not None):
                 raise InvalidArgument(
                     "hmac and kind apply to generic collectors only; signed sources verify and derive kind"
                     " by their own scheme"

@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+from importlib.resources.abc import Traversable
 from typing import Any
 
 import psycopg
 import psycopg_pool.base as psycopg_pool_base
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
 from psycopg.rows import DictRow, dict_row
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
+
+from store.errors import translates_errors
+from switchboard import resources
 
 log = logging.getLogger("switchboard.store")
 
 Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
 """The pool type every store receives: connections that return dict rows."""
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 _MIGRATION_LOCK = 0x5B0A_4D16  # advisory lock id held while migrating
-
-UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError, PoolTimeout)
-"""What the store raises when PostgreSQL cannot be reached (callers answer 503, never 500)."""
 
 # psycopg_pool retries a lost server at 1, 3, 7, 15, 31 s…, so after a 20 s outage the pools stayed empty (and
 # ingest answered 503) for seconds after PostgreSQL accepted again (bench/faults.py). A steady ~1 s retry keeps
@@ -33,6 +32,7 @@ KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalive
 """libpq TCP keepalives (ignored on unix sockets), so a peer that vanished is noticed by the kernel too."""
 
 
+@translates_errors
 async def open_pool(url: str, *, max_size: int = 10, min_size: int = 1, pool_timeout: float = 10.0) -> Pool:
     """Open a pool whose connections return dict rows and are checked before each use; `pool_timeout` bounds
     each wait for a connection."""
@@ -52,16 +52,30 @@ async def open_pool(url: str, *, max_size: int = 10, min_size: int = 1, pool_tim
     return pool
 
 
-def migration_files(directory: Path = MIGRATIONS_DIR) -> list[tuple[str, str]]:
-    """(version, sql) for each numbered migration, in order."""
-    out = []
-    for path in sorted(directory.glob("[0-9][0-9][0-9][0-9]_*.sql")):
-        out.append((path.stem, path.read_text()))
-    return out
+@translates_errors
+async def ping(pool: Pool, *, wait: float) -> None:
+    """One round trip on a pool connection, waiting at most `wait` seconds for the connection (health checks)."""
+    async with pool.connection(timeout=wait) as conn:
+        await conn.execute("SELECT 1")
 
 
-def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
-    """Apply pending migrations under an advisory lock; returns the versions applied now."""
+@translates_errors
+def ensure_database(server_url: str, database: str) -> None:
+    """Create `database` on the server unless it exists (the embedded dev cluster)."""
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
+        if not exists:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+
+
+def migration_files(directory: Traversable | None = None) -> list[tuple[str, str]]:
+    """(version, sql) for each numbered migration of `directory` (default: the shipped ones), in order."""
+    return [(f.name.removesuffix(".sql"), f.read_text(encoding="utf-8")) for f in resources.migration_files(directory)]
+
+
+@translates_errors
+def migrate(url: str, directory: Traversable | None = None) -> list[str]:
+    """Apply pending migrations (default: the shipped ones) under an advisory lock; returns those applied now."""
     applied_now: list[str] = []
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))

@@ -7,14 +7,17 @@ The notification itself carries ids only; what a ring shows is read here, from t
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection, sql
 
-from store.db import Pool
+from store.db import KEEPALIVES, Pool
 from store.deliveries import DOORBELL_CHANNEL
+from store.errors import translates_errors
 
 REVOKED_CHANNEL = "switchboard_revoked"
 """NOTIFY channel of revoked endpoints (payload: the endpoint id), so every process closes their streams."""
@@ -68,10 +71,43 @@ class Check:
     revoked: list[str]
 
 
-async def listen(conn: AsyncConnection[Any], *extra: str) -> None:
-    """LISTEN on every doorbell channel and on `extra` ones (the connection must be in autocommit)."""
-    for channel in (*CHANNELS, *extra):
-        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+@dataclass(frozen=True)
+class Note:
+    """One notification heard on the LISTEN connection."""
+
+    channel: str
+    payload: str
+
+
+class Listener:
+    """A process's dedicated LISTEN connection (outside the pool: LISTEN lives as long as its session)."""
+
+    def __init__(self, conn: AsyncConnection[Any]) -> None:
+        self.conn = conn
+
+    @classmethod
+    @translates_errors
+    async def connect(cls, url: str) -> Listener:
+        """Open the connection (autocommit, TCP keepalives, so a vanished peer is noticed by the kernel too)."""
+        return cls(await AsyncConnection.connect(url, autocommit=True, connect_timeout=10, **KEEPALIVES))
+
+    @translates_errors
+    async def listen(self, *extra: str) -> None:
+        """LISTEN on every doorbell channel and on `extra` ones."""
+        for channel in (*CHANNELS, *extra):
+            await self.conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+    @translates_errors
+    async def notifies(self, seconds: float) -> AsyncGenerator[Note]:
+        """Notifications as they arrive, for at most `seconds` (close it early with `aclosing`)."""
+        async with contextlib.aclosing(self.conn.notifies(timeout=seconds)) as notes:
+            async for note in notes:
+                yield Note(channel=note.channel, payload=note.payload)
+
+    @translates_errors
+    async def close(self) -> None:
+        """Close the connection (its LISTENs end with it)."""
+        await self.conn.close()
 
 
 class DoorbellStore:
@@ -80,6 +116,7 @@ class DoorbellStore:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
+    @translates_errors
     async def ping(self, channel: str, token: str, endpoints: list[str]) -> Check:
         """NOTIFY `token` on `channel`; the server's clock then, and which of `endpoints` are revoked."""
         async with self.pool.connection() as conn:
@@ -88,6 +125,7 @@ class DoorbellStore:
         assert row is not None
         return Check(now=row["now"], revoked=list(row["revoked"]))
 
+    @translates_errors
     async def claim(self, todo_id: str, endpoint_id: str, queues: list[str]) -> RingRow | None:
         """Claim the one ring of a pending todo in `queues`; None when it is not ours to ring (anymore)."""
         async with self.pool.connection() as conn:
@@ -104,11 +142,13 @@ class DoorbellStore:
             title=row["title"],
         )
 
+    @translates_errors
     async def unclaim(self, todo_id: str) -> None:
         """Give back a claimed ring that no stream took."""
         async with self.pool.connection() as conn:
             await conn.execute(_UNCLAIM, (todo_id,))
 
+    @translates_errors
     async def missed(self, endpoint_id: str, queues: list[str], since: datetime, limit: int) -> list[str]:
         """Pending, unrung todos of the endpoint in `queues` created since `since`, oldest first."""
         async with self.pool.connection() as conn:

@@ -1,22 +1,35 @@
-"""Domain errors raised by the store; each boundary maps them to its own shape once."""
+"""Domain errors and the store's one translation of psycopg failures into them.
+
+Every public store method (and store function that touches PostgreSQL) is decorated with `translates_errors`,
+so nothing above `store/` ever sees a psycopg exception: it sees `StoreUnavailable` (an outage, retry later),
+`StoreRejected` (the database refused the data, never retry) or one of the domain errors below. A domain
+error carries only a stable `code` and a client-safe `message`; each boundary above maps it once: activities
+to Temporal's ApplicationError (activities/errors.py), the API to an HTTP status (api/errors.py).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Awaitable, Callable
-from typing import ParamSpec, TypeVar
+import inspect
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, NoReturn, TypeVar, cast
 
 import psycopg
 
-P = ParamSpec("P")
-R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
+
+TRANSLATED = "__translates_errors__"
+"""Attribute the decorator sets on what it wraps, so a test can prove every store entry point is covered."""
 
 
 class DomainError(Exception):
     """A failure with a stable machine code and a client-safe message."""
 
     code = "internal"
-    status = 500
+    retryable = False
+    """Whether the same call may succeed later (an outage), as opposed to a verdict that replays identically."""
 
     def __init__(self, message: str = "", *, code: str | None = None) -> None:
         super().__init__(message or self.__class__.__name__)
@@ -27,70 +40,60 @@ class DomainError(Exception):
 
 class NotFound(DomainError):
     code = "not_found"
-    status = 404
 
 
 class Conflict(DomainError):
     code = "conflict"
-    status = 409
 
 
 class Forbidden(DomainError):
     code = "forbidden"
-    status = 403
 
 
 class InvalidArgument(DomainError):
     code = "invalid_argument"
-    status = 422
 
 
 class CeilingExceeded(DomainError):
     code = "ceiling_exceeded"
-    status = 403
 
 
 class ForbiddenSourceType(DomainError):
     code = "forbidden_source_type"
-    status = 403
 
 
 class Unauthenticated(DomainError):
     code = "unauthenticated"
-    status = 401
 
 
 class RuleRejected(DomainError):
-    """A rule list failed save-time validation; the code is routing's, verbatim (422)."""
+    """A rule list failed save-time validation; the code is routing's, verbatim (routing.rules.ERROR_CODES)."""
 
     code = "invalid_rule"
-    status = 422
 
 
 class SandboxBusy(DomainError):
     """The rule sandbox could not answer in time (every slot taken, or closed): the same call may succeed later."""
 
     code = "sandbox_busy"
-    status = 503
+    retryable = True
 
 
 class RuleNotFound(DomainError):
     code = "rule_not_found"
-    status = 404
 
 
 class StoreUnavailable(DomainError):
     """PostgreSQL could not be reached or interrupted the transaction: the same call may succeed later."""
 
     code = "unavailable"
-    status = 503
+    retryable = True
 
 
 class StoreRejected(DomainError):
     """The database or its driver refused the data: the same call can never succeed, so it must not be retried."""
 
     code = "store_rejected"
-    status = 500
 
     def __init__(self, message: str, *, error_type: str) -> None:
         super().__init__(message)
@@ -131,26 +134,115 @@ def short_message(exc: BaseException) -> str:
     return text[:_MESSAGE_MAX]
 
 
+# Constraints whose violation is a domain answer rather than a refusal of the data: the statement named a row
+# that does not exist. Keyed by the name PostgreSQL reports (tests/store/test_errors.py checks each one exists).
+CONSTRAINT_ERRORS: dict[str, tuple[type[DomainError], str]] = {
+    "agents_owner_human_id_fkey": (NotFound, "unknown human"),
+    "endpoints_agent_id_fkey": (NotFound, "unknown agent"),
+    "friend_edges_from_human_id_fkey": (NotFound, "unknown human"),
+    "friend_edges_to_human_id_fkey": (NotFound, "unknown human"),
+}
+
+
 def translate(exc: Exception) -> DomainError:
     """The one mapping from a driver (or validation) failure to the store's domain errors."""
     if isinstance(exc, DomainError):
         return exc
+    if isinstance(exc, psycopg.errors.IntegrityError):
+        known = CONSTRAINT_ERRORS.get(exc.diag.constraint_name or "")
+        if known is not None:
+            error, message = known
+            return error(message)
     if is_transient(exc):
         return StoreUnavailable(short_message(exc))
     return StoreRejected(short_message(exc), error_type=type(exc).__name__)
 
 
-def translates_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """Decorate a store method so psycopg and validation failures leave it as StoreUnavailable / StoreRejected."""
+def _raise_translated(exc: Exception) -> NoReturn:
+    translated = translate(exc)
+    if translated is exc:
+        raise exc
+    raise translated from exc
+
+
+class _TranslatedContext(contextlib.AbstractAsyncContextManager[Any]):
+    """An async context manager whose own failures (entering, leaving) leave it translated.
+
+    An exception raised by the caller's block passes through untouched: it is not the store's to name.
+    """
+
+    def __init__(self, inner: contextlib.AbstractAsyncContextManager[Any]) -> None:
+        self.inner = inner
+
+    async def __aenter__(self) -> Any:
+        try:
+            return await self.inner.__aenter__()
+        except Exception as exc:
+            _raise_translated(exc)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        try:
+            return await self.inner.__aexit__(exc_type, exc, tb)
+        except Exception as failure:
+            if failure is exc:
+                raise
+            _raise_translated(failure)
+        return None
+
+
+def translates_errors(fn: F) -> F:
+    """Decorate a store entry point so psycopg and validation failures leave it as domain errors.
+
+    Covers coroutine functions, async generators, functions returning an async context manager
+    (`contextlib.asynccontextmanager`) and plain functions (migrations). DomainErrors pass through unchanged;
+    cancellation (a BaseException) is never touched.
+    """
+    if inspect.isasyncgenfunction(fn):
+
+        @functools.wraps(fn)
+        async def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
+            async with contextlib.aclosing(fn(*args, **kwargs)) as items:
+                while True:
+                    # Only the generator's own steps are translated, never what the consumer throws in.
+                    try:
+                        item = await anext(items)
+                    except StopAsyncIteration:
+                        return
+                    except Exception as exc:
+                        _raise_translated(exc)
+                    yield item
+
+        setattr(gen_wrapper, TRANSLATED, True)
+        return cast(F, gen_wrapper)
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(*args, **kwargs)
+            except Exception as exc:
+                _raise_translated(exc)
+
+        setattr(wrapper, TRANSLATED, True)
+        return cast(F, wrapper)
 
     @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+    def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return await fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except Exception as exc:
-            translated = translate(exc)
-            if translated is exc:
-                raise
-            raise translated from exc
+            _raise_translated(exc)
+        if isinstance(result, contextlib.AbstractAsyncContextManager):
+            return _TranslatedContext(result)
+        return result
 
-    return wrapper
+    setattr(sync_wrapper, TRANSLATED, True)
+    return cast(F, sync_wrapper)
+
+
+def is_translated(fn: object) -> bool:
+    """Whether a store entry point goes through `translates_errors`."""
+    return bool(getattr(fn, TRANSLATED, False))

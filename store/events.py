@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from store.db import Pool
-from store.errors import InvalidArgument, NotFound
+from store.errors import InvalidArgument, NotFound, translates_errors
 from store.models import Caller
 
 EVENT_NOT_FOUND = "unknown event"
@@ -143,6 +143,7 @@ class EventStore:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
+    @translates_errors
     async def list(
         self,
         caller: Caller,
@@ -182,6 +183,7 @@ class EventStore:
             next_cursor=encode_cursor(events[-1].received_at, events[-1].id) if more else None,
         )
 
+    @translates_errors
     async def get(self, caller: Caller, event_id: str) -> EventDetail:
         """One event of the human's webhooks, with sanitized headers and the decoded payload."""
         async with self.pool.connection() as conn:
@@ -192,6 +194,7 @@ class EventStore:
         payload, encoding = decode_payload(bytes(row.pop("payload")))
         return EventDetail(payload=payload, payload_encoding=encoding, **row)
 
+    @translates_errors
     async def prune(self, retention_days: int) -> dict[str, int]:
         """Delete events and terminal todos older than the retention window, in bounded batches."""
         counts = {"events_pruned": 0, "todos_pruned": 0}

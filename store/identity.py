@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
-
 from store.db import Pool
 from store.doorbell import REVOKED_CHANNEL
-from store.errors import InvalidArgument, NotFound, Unauthenticated
+from store.errors import InvalidArgument, NotFound, Unauthenticated, translates_errors
 from store.ids import credential_hash, new_credential, new_id
 from store.models import Caller
 
@@ -30,11 +28,16 @@ SELECT id, pg_notify(%(channel)s, id) AS rang FROM r
 
 
 class IdentityStore:
-    """Operator-side identity records and credential resolution."""
+    """Operator-side identity records and credential resolution.
+
+    A row naming a human or agent that does not exist fails its foreign key, which `store/errors.py`
+    (`CONSTRAINT_ERRORS`) answers as not_found.
+    """
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
+    @translates_errors
     async def create_human(self, name: str) -> str:
         """Create a human and return its id."""
         human_id = new_id("hu")
@@ -42,19 +45,18 @@ class IdentityStore:
             await conn.execute("INSERT INTO humans (id, name) VALUES (%s, %s)", (human_id, name))
         return human_id
 
+    @translates_errors
     async def create_agent(self, human_id: str, name: str) -> str:
         """Create an agent owned by a human."""
         agent_id = new_id("ag")
         async with self.pool.connection() as conn:
-            try:
-                await conn.execute(
-                    "INSERT INTO agents (id, owner_human_id, name) VALUES (%s, %s, %s)",
-                    (agent_id, human_id, name),
-                )
-            except psycopg.errors.ForeignKeyViolation:
-                raise NotFound("unknown human") from None
+            await conn.execute(
+                "INSERT INTO agents (id, owner_human_id, name) VALUES (%s, %s, %s)",
+                (agent_id, human_id, name),
+            )
         return agent_id
 
+    @translates_errors
     async def vend_endpoint(
         self,
         *,
@@ -71,25 +73,22 @@ class IdentityStore:
         endpoint_id = new_id("ep")
         credential = new_credential()
         async with self.pool.connection() as conn:
-            try:
-                await conn.execute(
-                    "INSERT INTO endpoints (id, agent_id, credential_hash, credential_prefix, scope_queues,"
-                    " scope_verbs, webhook_max, webhook_source_types, webhook_queues)"
-                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    (
-                        endpoint_id,
-                        agent_id,
-                        credential_hash(credential),
-                        credential[:12],
-                        queues,
-                        verbs,
-                        webhook_max,
-                        webhook_source_types,
-                        webhook_queues,
-                    ),
-                )
-            except psycopg.errors.ForeignKeyViolation:
-                raise NotFound("unknown agent") from None
+            await conn.execute(
+                "INSERT INTO endpoints (id, agent_id, credential_hash, credential_prefix, scope_queues,"
+                " scope_verbs, webhook_max, webhook_source_types, webhook_queues)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (
+                    endpoint_id,
+                    agent_id,
+                    credential_hash(credential),
+                    credential[:12],
+                    queues,
+                    verbs,
+                    webhook_max,
+                    webhook_source_types,
+                    webhook_queues,
+                ),
+            )
         return {
             "endpoint_id": endpoint_id,
             "credential": credential,
@@ -102,6 +101,7 @@ class IdentityStore:
             "webhook_queues": webhook_queues,
         }
 
+    @translates_errors
     async def revoke_endpoint(self, endpoint_id: str) -> bool:
         """Revoke an endpoint at once; idempotent. Returns whether it exists."""
         async with self.pool.connection() as conn:
@@ -111,6 +111,7 @@ class IdentityStore:
             raise NotFound("unknown endpoint")
         return True
 
+    @translates_errors
     async def set_friend_edge(self, from_human_id: str, to_human_id: str, state: str) -> None:
         """Record the directional friend edge from one human to another."""
         if state not in ("pending", "approved", "denied", "revoked"):
@@ -118,16 +119,14 @@ class IdentityStore:
         if from_human_id == to_human_id:
             raise InvalidArgument("a friend edge joins two different humans")
         async with self.pool.connection() as conn:
-            try:
-                await conn.execute(
-                    "INSERT INTO friend_edges (from_human_id, to_human_id, state) VALUES (%s, %s, %s)"
-                    " ON CONFLICT (from_human_id, to_human_id)"
-                    " DO UPDATE SET state = excluded.state, updated_at = now()",
-                    (from_human_id, to_human_id, state),
-                )
-            except psycopg.errors.ForeignKeyViolation:
-                raise NotFound("unknown human") from None
+            await conn.execute(
+                "INSERT INTO friend_edges (from_human_id, to_human_id, state) VALUES (%s, %s, %s)"
+                " ON CONFLICT (from_human_id, to_human_id)"
+                " DO UPDATE SET state = excluded.state, updated_at = now()",
+                (from_human_id, to_human_id, state),
+            )
 
+    @translates_errors
     async def authenticate(self, credential: str) -> Caller:
         """Resolve a bearer credential to a live endpoint, or raise Unauthenticated."""
         if not credential.startswith("sbk_") or len(credential) > 200:

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from routing.delivery import DeliveryInput
 from store.db import Pool
+from store.errors import translates_errors
 
 InboxReason = Literal["temporal_unavailable", "admission", "rate"]
 
@@ -102,6 +103,7 @@ class InboxStore:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
+    @translates_errors
     async def put(self, workflow_id: str, delivery: DeliveryInput, reason: InboxReason) -> bool:
         """Keep a verified delivery until a relay starts it; False when it was already waiting."""
         async with self.pool.connection() as conn:
@@ -116,6 +118,7 @@ class InboxStore:
             )
             return await cur.fetchone() is not None
 
+    @translates_errors
     async def pace(self, workflow_id: str, delivery: DeliveryInput, *, rate: float, burst: int) -> bool:
         """Take the webhook's next pacing slot; True when the delivery was deferred into the inbox."""
         interval = timedelta(seconds=1.0 / rate)
@@ -133,6 +136,7 @@ class InboxStore:
             row = await cur.fetchone()
         return bool(row and row["deferred"])
 
+    @translates_errors
     @contextlib.asynccontextmanager
     async def claim(self, limit: int) -> AsyncIterator[InboxClaim]:
         """Lock up to `limit` due rows for one batch; started rows are deleted when the block ends.
@@ -154,6 +158,7 @@ class InboxStore:
                     (error, after, after, workflow_id),
                 )
 
+    @translates_errors
     async def stats(self) -> InboxStats:
         """Depth, due rows, oldest age and relay lag, in one query."""
         async with self.pool.connection() as conn:
@@ -161,6 +166,7 @@ class InboxStore:
             row = await cur.fetchone()
         return InboxStats.model_validate(row) if row else InboxStats()
 
+    @translates_errors
     async def get(self, workflow_id: str) -> InboxRow | None:
         """One waiting row (operators and tests)."""
         async with self.pool.connection() as conn:

@@ -9,7 +9,7 @@ from psycopg import AsyncConnection
 from pydantic import BaseModel
 
 from store.db import Pool
-from store.errors import Forbidden, NotFound
+from store.errors import Forbidden, NotFound, translates_errors
 from store.models import Caller
 
 # One message for every refusal of each kind, so neither verb tells an unknown id from a foreign one.
@@ -79,6 +79,7 @@ class RouteStore:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
+    @translates_errors
     async def add(self, caller: Caller, webhook_id: str, target_endpoint_id: str) -> RouteChange:
         """Record a route once; the owner is already a target, any other target must be authorized."""
         async with self.pool.connection() as conn, conn.transaction():
@@ -100,6 +101,7 @@ class RouteStore:
             webhook_id=webhook_id, target_endpoint_id=target_endpoint_id, implicit=False, changed=created
         )
 
+    @translates_errors
     async def remove(self, caller: Caller, webhook_id: str, target_endpoint_id: str) -> RouteChange:
         """Drop a route if present; ownership only, so a route whose friendship lapsed stays removable."""
         async with self.pool.connection() as conn, conn.transaction():
@@ -117,6 +119,7 @@ class RouteStore:
             webhook_id=webhook_id, target_endpoint_id=target_endpoint_id, implicit=False, changed=removed
         )
 
+    @translates_errors
     async def list(self, caller: Caller, webhook_id: str) -> list[RouteTarget]:
         """The owner (implicit) first, then every explicit route in target order, live or not."""
         async with self.pool.connection() as conn, conn.transaction():

@@ -19,7 +19,17 @@ from routing.rules import (
     validate_config,
 )
 from store.db import Pool
-from store.errors import DomainError, Forbidden, InvalidArgument, NotFound, RuleRejected, SandboxBusy
+from store.errors import (
+    DomainError,
+    Forbidden,
+    InvalidArgument,
+    NotFound,
+    RuleRejected,
+    SandboxBusy,
+    StoreRejected,
+    StoreUnavailable,
+    translates_errors,
+)
 from store.models import Caller
 from store.webhooks import WebhookStore
 
@@ -144,12 +154,14 @@ class RuleStore:
         self.pool = pool
         self.webhooks = webhooks
 
+    @translates_errors
     async def read(self, caller: Caller, webhook_id: str) -> RuleConfig:
         """The saved configuration and the current grant of a webhook the caller's human owns."""
         async with self.pool.connection() as conn:
             grant = await self.webhooks.grant_on(conn, webhook_id)
         return _config(_owned(grant, caller))
 
+    @translates_errors
     async def modify(self, caller: Caller, webhook_id: str, edit: Edit, checker: CompileChecker) -> RuleConfig:
         """Read-modify-validate-write under the webhook's row lock; a rejected edit changes nothing.
 
@@ -160,6 +172,8 @@ class RuleStore:
         compiled: Compiled = {}
         try:
             first: Candidate | None = edit(await self.read(caller, webhook_id))
+        except (StoreUnavailable, StoreRejected):
+            raise  # the database's own failure, not a verdict on the edit
         except DomainError:
             first = None  # raised again by the locked pass, after the same checks as ever
         if first is not None:
@@ -194,6 +208,7 @@ class RuleStore:
         )
         return _config(grant)
 
+    @translates_errors
     async def webhook_config(self, webhook_id: str) -> dict[str, Any]:
         """The webhook's receiver configuration (collector kind rule, HMAC scheme); call after read()."""
         async with self.pool.connection() as conn:
@@ -201,6 +216,7 @@ class RuleStore:
             row = await cur.fetchone()
         return dict(row["config"] or {}) if row is not None else {}
 
+    @translates_errors
     async def event(self, webhook_id: str, event_id: str) -> StoredEvent:
         """One event recorded on this webhook; an event of any other webhook is not_found."""
         found = await self.events(webhook_id, [event_id])
@@ -208,6 +224,7 @@ class RuleStore:
             raise NotFound(UNKNOWN_EVENT)
         return found[0]
 
+    @translates_errors
     async def recent_event_ids(self, webhook_id: str, limit: int) -> list[str]:
         """Ids of the webhook's most recent events, newest first."""
         async with self.pool.connection() as conn:
@@ -215,6 +232,7 @@ class RuleStore:
             rows = await cur.fetchall()
         return [str(r["id"]) for r in rows]
 
+    @translates_errors
     async def events(self, webhook_id: str, event_ids: Sequence[str]) -> list[StoredEvent]:
         """The named events of this webhook (payloads included), in the order asked; others are skipped."""
         if not event_ids:
@@ -229,6 +247,7 @@ class RuleStore:
         by_id = {r["id"]: StoredEvent.model_validate({**r, "payload": bytes(r["payload"])}) for r in rows}
         return [by_id[i] for i in event_ids if i in by_id]
 
+    @translates_errors
     async def todos(self, todo_ids: Sequence[str]) -> dict[str, StoredTodo]:
         """Endpoint and queue of the named todos that still exist (retention may have pruned some)."""
         if not todo_ids:
@@ -238,6 +257,7 @@ class RuleStore:
             rows = await cur.fetchall()
         return {r["id"]: StoredTodo.model_validate(r) for r in rows}
 
+    @translates_errors
     async def once_claims(self, webhook_id: str, keys: Sequence[str]) -> dict[str, str]:
         """once_key → claiming event id, for the keys of this webhook already claimed."""
         if not keys:

@@ -8,14 +8,14 @@ from typing import Any, Literal
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
-from routing.models import RESERVED_SOURCES
+from routing.sources import RESERVED_SOURCES, SOURCES
 from store.db import Pool
-from store.errors import CeilingExceeded, Forbidden, NotFound
+from store.errors import CeilingExceeded, Forbidden, NotFound, translates_errors
 from store.ids import new_id, new_ingest_token
 from store.models import Caller
 
 SCHEDULE_SOURCE = "schedule"
-SCHEDULE_TRUST_MODE = "internal"
+SCHEDULE_TRUST_MODE = SOURCES[SCHEDULE_SOURCE].trust_mode
 MAX_SCHEDULES_PER_ENDPOINT = 50  # ours
 
 _COLUMNS = (
@@ -55,6 +55,7 @@ class ScheduleStore:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
+    @translates_errors
     async def create(
         self,
         caller: Caller,
@@ -120,6 +121,7 @@ class ScheduleStore:
         assert found is not None
         return found
 
+    @translates_errors
     async def get(self, schedule_id: str) -> ScheduleRow | None:
         """A live schedule by id (any endpoint: the fire activity's view)."""
         async with self.pool.connection() as conn:
@@ -131,6 +133,7 @@ class ScheduleStore:
             row = await cur.fetchone()
         return ScheduleRow.model_validate(row) if row else None
 
+    @translates_errors
     async def list(self, caller: Caller) -> list[ScheduleRow]:
         """The caller's live schedules, oldest first."""
         async with self.pool.connection() as conn:
@@ -142,6 +145,7 @@ class ScheduleStore:
             rows = await cur.fetchall()
         return [ScheduleRow.model_validate(r) for r in rows]
 
+    @translates_errors
     async def owned(self, caller: Caller, schedule_id: str) -> ScheduleRow:
         """One of the caller's live schedules; not_found for anyone else's."""
         row = await self.get(schedule_id)
@@ -149,6 +153,7 @@ class ScheduleStore:
             raise NotFound("unknown schedule")
         return row
 
+    @translates_errors
     async def delete(self, caller: Caller, schedule_id: str) -> str:
         """Mark one of the caller's schedules deleted (fires still in flight find it gone); its Temporal id."""
         async with self.pool.connection() as conn, conn.transaction():
@@ -169,6 +174,7 @@ class ScheduleStore:
                 )
         return str(row["temporal_schedule_id"])
 
+    @translates_errors
     async def discard(self, schedule_id: str) -> None:
         """Undo a create whose Temporal Schedule could not be made (nothing has fired)."""
         async with self.pool.connection() as conn, conn.transaction():
@@ -180,6 +186,7 @@ class ScheduleStore:
                     (row["webhook_id"], SCHEDULE_SOURCE),
                 )
 
+    @translates_errors
     async def record_fire(self, schedule_id: str, event_id: str, fired_at: datetime) -> None:
         """Note a fire's event on the schedule row (the event itself is the durable record); counted once."""
         async with self.pool.connection() as conn:

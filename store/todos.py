@@ -7,7 +7,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from store.db import Pool
-from store.errors import Conflict, Forbidden, NotFound
+from store.errors import Conflict, Forbidden, NotFound, translates_errors
 from store.models import Caller, Todo
 
 DEFAULT_LEASE_SECONDS = 300
@@ -110,6 +110,7 @@ class TodoStore:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
+    @translates_errors
     async def get(self, caller: Caller, todo_id: str) -> Todo:
         """A todo of the caller's endpoint, in a scope queue."""
         async with self.pool.connection() as conn:
@@ -124,6 +125,7 @@ class TodoStore:
             raise Forbidden("todo queue is outside this endpoint's scope")
         return Todo.model_validate(row)
 
+    @translates_errors
     async def list(self, caller: Caller, queue: str | None, state: str | None, limit: int) -> list[Todo]:
         """Compact todo rows in the caller's scope, newest first."""
         queues = caller.scope_queues
@@ -140,6 +142,7 @@ class TodoStore:
             rows = await cur.fetchall()
         return [Todo.model_validate(r) for r in rows]
 
+    @translates_errors
     async def claim_next(self, caller: Caller, queue: str | None, lease_seconds: int | None) -> Todo | None:
         """Claim the oldest pending todo in scope, skipping rows other claimers hold."""
         queues = caller.scope_queues
@@ -160,6 +163,7 @@ class TodoStore:
             row = await cur.fetchone()
         return Todo.model_validate(row) if row else None
 
+    @translates_errors
     async def claim(self, caller: Caller, todo_id: str, lease_seconds: int | None) -> Todo:
         """pending → claimed, atomically; conflict when not pending."""
         return await self._transition(
@@ -175,6 +179,7 @@ class TodoStore:
             "todo is not pending",
         )
 
+    @translates_errors
     async def complete(self, caller: Caller, todo_id: str, result: Any) -> Todo:
         """claimed → done, by the holder only."""
         return await self._transition(
@@ -190,6 +195,7 @@ class TodoStore:
             "todo is not claimed by this agent",
         )
 
+    @translates_errors
     async def fail(self, caller: Caller, todo_id: str, error: str | None, result: Any) -> Todo:
         """claimed → failed with a retry window, or dead letter at the attempt cap."""
         return await self._transition(
@@ -206,6 +212,7 @@ class TodoStore:
             "todo is not claimed by this agent",
         )
 
+    @translates_errors
     async def heartbeat(self, caller: Caller, todo_id: str, lease_seconds: int | None) -> Todo:
         """Extend the holder's lease; without a TTL it resets to the default."""
         return await self._transition(
@@ -221,6 +228,7 @@ class TodoStore:
             "todo is not claimed by this agent",
         )
 
+    @translates_errors
     async def release(self, caller: Caller, todo_id: str) -> Todo:
         """claimed → pending, voluntarily, by the holder."""
         return await self._transition(
@@ -242,6 +250,7 @@ class TodoStore:
             raise Conflict(conflict)
         return Todo.model_validate(row)
 
+    @translates_errors
     async def reap(self) -> dict[str, int]:
         """Expired leases back to pending (or dead letter at the cap); due retries back to pending."""
         async with self.pool.connection() as conn, conn.transaction():

@@ -9,7 +9,8 @@ from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
-from routing.models import RESERVED_SOURCES, TRUST_BY_SOURCE, Grant, Target
+from routing.models import Grant, Target
+from routing.sources import RESERVED_SOURCES, SOURCE_TYPES, find_source
 from store.crypto import SecretBox
 from store.db import Pool
 from store.errors import (
@@ -68,18 +69,20 @@ class WebhookStore:
         self.pool = pool
         self.box = box
 
+    @translates_errors
     async def create(self, caller: Caller, source_type: str, target_queue: str) -> dict[str, Any]:
         """Create a webhook within the caller's ceiling; the secret is in this result only."""
-        if source_type in RESERVED_SOURCES:
+        source = find_source(source_type)
+        if source is not None and source.reserved:
             # Internal sources (schedule fires) are switchboard's own; no agent may mint a URL for one.
             raise ForbiddenSourceType(f"source type {source_type} is reserved for switchboard")
-        if source_type not in TRUST_BY_SOURCE:
-            raise InvalidArgument(f"unknown source_type; expected one of {', '.join(TRUST_BY_SOURCE)}")
+        if source is None:
+            raise InvalidArgument(f"unknown source_type; expected one of {', '.join(SOURCE_TYPES)}")
         if source_type not in caller.webhook_source_types:
             raise ForbiddenSourceType("source type not allowed by this endpoint's ceiling")
         if target_queue not in caller.webhook_queues:
             raise Forbidden("target queue not allowed by this endpoint's ceiling")
-        trust_mode = TRUST_BY_SOURCE[source_type]
+        trust_mode = source.trust_mode
         webhook_id = new_id("wh")
         secret = new_webhook_secret() if trust_mode == "signed" else None
         sealed = self.box.seal(secret, webhook_id) if secret else None
@@ -110,6 +113,7 @@ class WebhookStore:
             "secret": secret,
         }
 
+    @translates_errors
     async def list_for_endpoint(self, caller: Caller) -> list[Webhook]:
         """Live webhooks owned by the calling endpoint."""
         async with self.pool.connection() as conn:
@@ -121,6 +125,7 @@ class WebhookStore:
             rows = await cur.fetchall()
         return [Webhook.model_validate(r) for r in rows]
 
+    @translates_errors
     async def get_for_ingest(self, token: str) -> IngestWebhook | None:
         """Resolve an ingest token to the webhook and its opened secret; None when unknown."""
         async with self.pool.connection() as conn:
@@ -163,6 +168,7 @@ class WebhookStore:
             raise NotFound("unknown webhook")
         return grant
 
+    @translates_errors
     async def grant_on(self, conn: AsyncConnection[DictRow], webhook_id: str) -> Grant | None:
         """The grant computed on the caller's connection (inside its transaction); None when not live."""
         cur = await conn.execute(_GRANT_SQL, {"webhook": webhook_id})
@@ -184,6 +190,7 @@ class WebhookStore:
             subject_path=((row["config"] or {}).get("collector") or {}).get("subject_path"),
         )
 
+    @translates_errors
     async def set_rate(self, webhook_id: str, rate_per_second: float | None) -> None:
         """Set a webhook's own pace (deliveries/s; 0 = unpaced; None = back to the operator default)."""
         async with self.pool.connection() as conn:
@@ -195,6 +202,7 @@ class WebhookStore:
             if await cur.fetchone() is None:
                 raise NotFound("unknown webhook")
 
+    @translates_errors
     async def add_route_unchecked(self, webhook_id: str, target_endpoint_id: str) -> None:
         """Record a route without authorization (operators and tests; agents use the route verbs)."""
         async with self.pool.connection() as conn:
@@ -203,6 +211,7 @@ class WebhookStore:
                 (webhook_id, target_endpoint_id),
             )
 
+    @translates_errors
     async def rotate(self, caller: Caller, webhook_id: str, *, replace_token: bool) -> dict[str, Any]:
         """Mint a new secret (and, when asked, a new ingest token); the old ones stop working at commit."""
         async with self.pool.connection() as conn, conn.transaction():
@@ -233,6 +242,7 @@ class WebhookStore:
             "secret": secret,
         }
 
+    @translates_errors
     async def delete(self, caller: Caller, webhook_id: str) -> None:
         """Tear a webhook down: its token stops resolving, its secret and routes go, its ceiling slot frees."""
         async with self.pool.connection() as conn, conn.transaction():

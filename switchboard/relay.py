@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from temporalio.client import Client
 
-from store.db import UNAVAILABLE_ERRORS
+from store.errors import StoreUnavailable
 from store.inbox import InboxRow, InboxStore
 from switchboard.settings import Settings
 from switchboard.temporal import is_outage, start_delivery
@@ -55,7 +55,7 @@ class InboxRelay:
             try:
                 # While Temporal is down, one row probes it; a full batch follows the first success.
                 outcome = await self.relay_once(1 if self._backoff else self.settings.relay_batch)
-            except UNAVAILABLE_ERRORS as exc:
+            except StoreUnavailable as exc:
                 log.warning("inbox relay cannot reach PostgreSQL", extra={"error": str(exc)[:200]})
                 outcome = BatchOutcome(outage=True)
             except Exception:
@@ -134,7 +134,7 @@ class InboxRelay:
         self._last_report = now
         try:
             stats = await self.inbox.stats()
-        except UNAVAILABLE_ERRORS:
+        except StoreUnavailable:
             return
         if stats.depth or self._last_depth:
             log.info("inbox depth", extra=stats.model_dump())

@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     secret_key: str | None = Field(default=None, description="hex AES-256 key for secrets at rest")
     ingest_body_max: int = 1024 * 1024
     agent_body_max: int = 1024 * 1024
-    # Total time a producer waits for the routed answer; a per-source cap (routing.models.INGEST_WAIT_CAP_SECONDS)
+    # Total time a producer waits for the routed answer; a per-source cap (routing.sources, wait_cap_seconds)
     # keeps short-windowed producers (Slack: 3 s) inside their window. Past it the answer is `202 pending`.
     ingest_wait_seconds: float = 5.0
     # How long Temporal gets to take a start before the delivery goes to the PostgreSQL inbox instead.

@@ -14,7 +14,7 @@ import httpx
 
 from routing.rules import check_expression, compile_candidates
 from routing.sandbox import check_in_process
-from routing.signatures import sign_gitea, sign_github
+from tests.signing import sign_gitea, sign_github
 
 
 def issue_payload(

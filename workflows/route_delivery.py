@@ -10,8 +10,9 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
+    from activities.errors import STORE_REJECTED
     from activities.models import EvaluateInput, LoadGrantInput
-    from activities.route import STORE_REJECTED, RouteActivities
+    from activities.route import RouteActivities
     from routing.decision import decide
     from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultCommitInput
     from routing.models import Evaluation, Fault

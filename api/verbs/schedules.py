@@ -46,8 +46,10 @@ _CRON_FIELD = re.compile(r"[0-9A-Za-z*/,\-?]{1,64}")
 
 
 class Unavailable(DomainError):
+    """Temporal did not take the schedule change: the same call may succeed later."""
+
     code = "unavailable"
-    status = 503
+    retryable = True
 
 
 def check_cron(cron: str) -> str:

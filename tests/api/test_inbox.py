@@ -21,7 +21,6 @@ from temporalio.testing import WorkflowEnvironment
 
 from api.app import create_app
 from routing.delivery import CommitResult
-from routing.signatures import sign_slack
 from store.db import migrate
 from store.inbox import InboxStore
 from switchboard.embedded import search_attribute_args, start_postgres, temporal_cli
@@ -29,6 +28,7 @@ from switchboard.relay import InboxRelay, running_relay
 from switchboard.temporal import start_delivery
 from tests.conftest import Stack, make_settings, running_stack
 from tests.helpers import issue_payload, post_github, token_of
+from tests.signing import sign_slack
 
 T = TypeVar("T")
 UNREACHABLE = "127.0.0.1:1"

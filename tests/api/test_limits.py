@@ -21,11 +21,11 @@ from pydantic import ValidationError
 from api.app import create_app
 from api.clientaddr import client_address
 from api.ratelimit import TokenBuckets
-from routing.signatures import sign_github
 from switchboard.settings import Settings, parse_networks
 from tests.api.test_todos import seed_todos
 from tests.conftest import Agent, Stack
 from tests.helpers import issue_payload, post_github, token_of
+from tests.signing import sign_github
 
 UNKNOWN = "/webhooks/w/" + "0" * 32
 

@@ -11,10 +11,10 @@ import httpx
 import pytest
 from psycopg.types.json import Jsonb
 
-from routing.signatures import sign_github
 from switchboard.logs import JsonFormatter, mask_secrets
 from tests.conftest import Stack
 from tests.helpers import issue_payload, token_of
+from tests.signing import sign_github
 
 
 def test_mask_secrets_masks_paths_credentials_and_bearer_tokens() -> None:

@@ -460,8 +460,8 @@ async def post_cairn(
 ) -> dict[str, Any]:
     from datetime import UTC, datetime
 
-    from routing.signatures import sign_cairn
     from tests.helpers import token_of
+    from tests.signing import sign_cairn
 
     body = json.dumps(
         {

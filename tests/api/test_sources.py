@@ -12,9 +12,9 @@ import httpx
 import pytest
 from psycopg.types.json import Jsonb
 
-from routing.signatures import sign_cairn, sign_gitea, sign_github, sign_slack, sign_stripe
 from tests.conftest import Agent, Stack
 from tests.helpers import issue_payload, token_of
+from tests.signing import sign_cairn, sign_gitea, sign_github, sign_slack, sign_stripe
 
 WRONG = b"whsec_" + b"0" * 64
 

@@ -11,10 +11,10 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from routing.signatures import sign_cairn, sign_github
 from routing.text import MAX_HEADER_VALUE_CHARS, MAX_HEADERS_TOTAL_CHARS, MAX_KIND_CHARS, REPLACEMENT, TRUNCATED
 from tests.conftest import Agent, Stack
 from tests.helpers import issue_payload, token_of
+from tests.signing import sign_cairn, sign_github
 
 FFFD = REPLACEMENT
 

@@ -8,19 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from routing.signatures import (
-    GenericHmac,
-    MissingSecret,
-    Verification,
-    delivery_id,
-    sign_cairn,
-    sign_generic,
-    sign_gitea,
-    sign_github,
-    sign_slack,
-    sign_stripe,
-    verify,
-)
+from routing.signatures import GenericHmac, MissingSecret, Verification
+from routing.sources import delivery_id, verify
+from tests.signing import sign_cairn, sign_generic, sign_gitea, sign_github, sign_slack, sign_stripe
 
 SECRET = b"whsec_" + b"ab" * 32
 OTHER = b"whsec_" + b"cd" * 32

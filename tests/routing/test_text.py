@@ -10,7 +10,7 @@ from routing.collectors import BrokenCollectorConfig, collector_config, delivery
 from routing.envelope import build_envelope, parse_payload, parse_payload_checked, subject_key
 from routing.headers import REDACTED, sanitize_headers
 from routing.models import Fault
-from routing.signatures import delivery_id
+from routing.sources import delivery_id
 from routing.text import (
     MAX_DETAIL_CHARS,
     MAX_HEADER_NAME_CHARS,

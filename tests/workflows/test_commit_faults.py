@@ -5,46 +5,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
 
-from routing.delivery import CommitResult
 from tests.conftest import Stack
 from tests.helpers import issue_payload, post_github, token_of
-from workflows.route_delivery import RouteDelivery, workflow_id_for
-from workflows.upkeep import ReapTodos
-
-HISTORIES = Path(__file__).parent / "histories"
-
-
-def handle_for(stack: Stack, webhook_id: str, delivery: str) -> WorkflowHandle[Any, Any]:
-    return stack.temporal.get_workflow_handle(
-        workflow_id_for(webhook_id, f"{webhook_id}:{delivery}"), result_type=CommitResult
-    )
+from tests.workflows.replay import handle_for, replay_and_keep
 
 
 async def decision_of(handle: WorkflowHandle[Any, Any]) -> tuple[WorkflowExecutionStatus | None, Any]:
     desc = await handle.describe()
     attrs = {k.name: v for k, v in desc.typed_search_attributes}
     return desc.status, attrs.get("SwitchboardDecision")
-
-
-async def replay_and_keep(handle: WorkflowHandle[Any, Any], name: str) -> None:
-    """Replay the run's history; with SWITCHBOARD_WRITE_HISTORIES set, commit it for future replays."""
-    history = await handle.fetch_history()
-    await Replayer(workflows=[RouteDelivery, ReapTodos], data_converter=pydantic_data_converter).replay_workflow(
-        history
-    )
-    if os.environ.get("SWITCHBOARD_WRITE_HISTORIES"):
-        (HISTORIES / name).write_text(history.to_json())
 
 
 async def test_a_refused_commit_ends_as_faulted_with_the_error_on_the_trace(stack: Stack) -> None:

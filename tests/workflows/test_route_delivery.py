@@ -2,31 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
-import pytest
-from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Replayer
 
 from routing.delivery import CommitResult
 from store.db import open_pool
 from switchboard.embedded import dev_server_args, temporal_cli
 from tests.conftest import Stack, running_stack
 from tests.helpers import eventually, issue_payload, post_github
+from tests.workflows.replay import replay_and_keep
 from worker import build_worker
-from workflows.route_delivery import RouteDelivery
-from workflows.upkeep import ReapTodos
-
-HISTORIES = Path(__file__).parent / "histories"
 
 
 async def test_temporal_unreachable_accepts_into_the_inbox(tmp_path: Path, database_url: str, sandbox: Any) -> None:
@@ -115,19 +107,7 @@ async def test_search_attributes_and_replay(stack: Stack) -> None:
     assert attrs["SwitchboardSource"] == "github"
     assert attrs["SwitchboardKind"] == "issues"
     assert attrs["SwitchboardDecision"] == "routed"
-    history = await handle.fetch_history()
-    replayer = Replayer(workflows=[RouteDelivery, ReapTodos], data_converter=pydantic_data_converter)
-    await replayer.replay_workflow(history)
-    if os.environ.get("SWITCHBOARD_WRITE_HISTORIES"):
-        HISTORIES.mkdir(exist_ok=True)
-        (HISTORIES / "route_delivery_default.json").write_text(history.to_json())
-
-
-@pytest.mark.parametrize("name", sorted(p.name for p in HISTORIES.glob("*.json")) if HISTORIES.exists() else [])
-async def test_committed_histories_still_replay(name: str) -> None:
-    history = WorkflowHistory.from_json(str(uuid.uuid4()), json.loads((HISTORIES / name).read_text()))
-    replayer = Replayer(workflows=[RouteDelivery, ReapTodos], data_converter=pydantic_data_converter)
-    await replayer.replay_workflow(history)
+    await replay_and_keep(handle, "route_delivery_default.json")
 
 
 async def test_rules_evaluate_as_a_heartbeating_activity_or_locally_with_the_same_decision(stack: Stack) -> None:
@@ -151,7 +131,7 @@ async def test_rules_evaluate_as_a_heartbeating_activity_or_locally_with_the_sam
         handle = stack.temporal.get_workflow_handle(
             workflow_id_for(webhook["webhook_id"], f"{webhook['webhook_id']}:{delivery}")
         )
-        history = await handle.fetch_history()
+        history = await replay_and_keep(handle, f"route_delivery_rules_{'local' if mode else 'activity'}.json")
         kinds[mode] = {e.event_type for e in history.events}
         scheduled = [
             e.activity_task_scheduled_event_attributes
@@ -167,9 +147,5 @@ async def test_rules_evaluate_as_a_heartbeating_activity_or_locally_with_the_sam
             assert attrs.heartbeat_timeout.ToSeconds() == 3
         [(trace,)] = stack.sql("SELECT routing_trace FROM events WHERE id = %s", resp.json()["event_id"])
         assert trace["stage"] == "rule" and trace["rule_id"] == "issues"
-        await Replayer(workflows=[RouteDelivery], data_converter=pydantic_data_converter).replay_workflow(history)
-        if os.environ.get("SWITCHBOARD_WRITE_HISTORIES"):
-            name = "local" if mode else "activity"
-            (HISTORIES / f"route_delivery_rules_{name}.json").write_text(history.to_json())
     assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED in kinds[False]
     assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in kinds[True]
