@@ -264,6 +264,7 @@ class TodoStore:
             "retried": len(retries),
         }
 
+    @translates_errors
     async def live_counts(self, limit: int) -> dict[tuple[str, str], int]:
         """Live todos per (queue, state) across every endpoint, the largest `limit` groups (for /metrics).
 
