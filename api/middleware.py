@@ -27,7 +27,6 @@ SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"strict-origin-when-cross-origin"),
 ]
-_SECURITY_NAMES = frozenset(name for name, _ in SECURITY_HEADERS)
 # The interactive docs need scripts and styles from the page itself (an inline start-up script and style), and
 # Redoc runs its search index in a worker it makes from a blob; all served by this app (api/docs.py): nothing from
 # another origin may load.
