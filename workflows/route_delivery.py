@@ -16,7 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from routing.decision import decide
     from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultCommitInput
     from routing.models import Evaluation, Fault
-    from workflows import search
+    from workflows import explain, search
 
 # Store activities are retried on transient errors (database restarts, pool timeouts) until PostgreSQL answers:
 # an outage must not lose work. A refusal of the data (StoreRejected) is never retried; it ends as faulted.
@@ -60,15 +60,18 @@ class RouteDelivery:
             RouteActivities.load_grant,
             LoadGrantInput(webhook_id=delivery.webhook_id),
             start_to_close_timeout=timedelta(seconds=10),
+            summary=f"webhook {delivery.webhook_id}",
             retry_policy=STORE_RETRY,
         )
         grant = loaded.grant
         if grant is None:
             workflow.upsert_search_attributes([search.DECISION.value_set("gone")])
-            return CommitResult(status="gone", verified=delivery.verified, trust_mode=delivery.trust_mode)
+            return _explained(CommitResult(status="gone", verified=delivery.verified, trust_mode=delivery.trust_mode))
         if not grant.targets:
             workflow.upsert_search_attributes([search.DECISION.value_set("no_targets")])
-            return CommitResult(status="no_targets", verified=delivery.verified, trust_mode=delivery.trust_mode)
+            return _explained(
+                CommitResult(status="no_targets", verified=delivery.verified, trust_mode=delivery.trust_mode)
+            )
 
         evaluation = Evaluation()
         # Only rules and a configured default (once / coalesce / work order read the subject) need the envelope;
@@ -83,6 +86,7 @@ class RouteDelivery:
                     rules,
                     start_to_close_timeout=timedelta(seconds=10),
                     retry_policy=EVALUATE_RETRY,
+                    summary=_rules_summary(rules),
                 )
             elif workflow.patched(EVALUATE_QUEUE_PATCH):
                 evaluation = await self._evaluate_on_queue(delivery, rules)
@@ -93,6 +97,7 @@ class RouteDelivery:
                     start_to_close_timeout=timedelta(seconds=10),
                     heartbeat_timeout=timedelta(seconds=3),
                     retry_policy=EVALUATE_RETRY,
+                    summary=_rules_summary(rules),
                 )
         decision = decide(grant, evaluation, envelope)
 
@@ -102,6 +107,7 @@ class RouteDelivery:
                 CommitInput(delivery=delivery, decision=decision, workflow_id=workflow.info().workflow_id),
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=STORE_RETRY,
+                summary=f"commit {decision.disposition}",
             )
         except (ActivityError, ApplicationError) as err:
             refused = _refusal(err)
@@ -112,8 +118,11 @@ class RouteDelivery:
         updates = [search.DECISION.value_set(outcome.replace(" ", "_"))]
         if result.rule_id:
             updates.append(search.RULE_ID.value_set(result.rule_id))
+        if result.event_id:
+            # Same upsert command as before, one more attribute: replay compares commands, not their values.
+            updates.append(search.EVENT_ID.value_set(result.event_id))
         workflow.upsert_search_attributes(updates)
-        return result
+        return _explained(result, decision.trace.get("faults"))
 
     async def _evaluate_on_queue(self, delivery: DeliveryInput, rules: EvaluateInput) -> Evaluation:
         """Evaluate on the evaluate task queue, fair across endpoints; a worker that never starts it is busy."""
@@ -132,6 +141,7 @@ class RouteDelivery:
                 # The webhook's owning endpoint is the tenant: matching hands out evaluate tasks round-robin
                 # across endpoints with queued work, so one endpoint's backlog cannot hold another's rules.
                 priority=Priority(fairness_key=delivery.endpoint_id),
+                summary=_rules_summary(rules),
             )
         except ActivityError as exc:
             cause = exc.cause
@@ -166,6 +176,7 @@ class RouteDelivery:
                 fault_input,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=STORE_RETRY,
+                summary=f"store as faulted: {error_type}"[:200],
             )
         except (ActivityError, ApplicationError) as err:
             again = _refusal(err)
@@ -179,6 +190,22 @@ class RouteDelivery:
             return CommitResult(
                 faulted=True, disposition="faulted", verified=delivery.verified, trust_mode=delivery.trust_mode
             )
+
+
+def _rules_summary(rules: EvaluateInput) -> str:
+    """The evaluate activity's line in the UI."""
+    count = len(rules.rules)
+    return f"{count} rule{'' if count == 1 else 's'}"
+
+
+def _explained(result: CommitResult, faults: object = None) -> CommitResult:
+    """Set the run's current details (decision, rule, event, todos, faults) for the UI; returns ``result``.
+
+    Current details are answered from the workflow's state to the UI's metadata query, never recorded as a
+    command, so they replay on any history.
+    """
+    workflow.set_current_details(explain.end_details(result, faults))
+    return result
 
 
 def _refusal(err: BaseException) -> ApplicationError | None:
