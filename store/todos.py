@@ -104,6 +104,17 @@ def owner_of(caller: Caller) -> str:
     return f"agent:{caller.agent_id}"
 
 
+def conflict_message(todo: Todo, needs: str) -> str:
+    """Why a transition that needs the todo in state `needs` did not apply (`todo is done, not claimed`).
+
+    Read after the refused UPDATE, so a concurrent change may show here; the code stays conflict either way.
+    Only the endpoint's own agent sees its todos, so a claimed todo it cannot act on changed under it.
+    """
+    if todo.state != needs:
+        return f"todo is {todo.state}, not {needs}"
+    return f"todo changed concurrently; it is {todo.state} now"
+
+
 class TodoStore:
     """Todo verbs confined to the calling endpoint and its scope queues."""
 
@@ -176,7 +187,7 @@ class TodoStore:
                 "owner": owner_of(caller),
                 "lease": clamp_lease(lease_seconds),
             },
-            "todo is not pending",
+            "pending",
         )
 
     @translates_errors
@@ -192,7 +203,7 @@ class TodoStore:
                 "owner": owner_of(caller),
                 "result": Jsonb(result),
             },
-            "todo is not claimed by this agent",
+            "claimed",
         )
 
     @translates_errors
@@ -209,7 +220,7 @@ class TodoStore:
                 "error": error,
                 "result": Jsonb(result) if result is not None else None,
             },
-            "todo is not claimed by this agent",
+            "claimed",
         )
 
     @translates_errors
@@ -225,7 +236,7 @@ class TodoStore:
                 "owner": owner_of(caller),
                 "lease": clamp_lease(lease_seconds),
             },
-            "todo is not claimed by this agent",
+            "claimed",
         )
 
     @translates_errors
@@ -236,18 +247,17 @@ class TodoStore:
             todo_id,
             _RELEASE,
             {"id": todo_id, "endpoint": caller.endpoint_id, "owner": owner_of(caller)},
-            "todo is not claimed by this agent",
+            "claimed",
         )
 
-    async def _transition(self, caller: Caller, todo_id: str, sql: str, params: dict[str, Any], conflict: str) -> Todo:
+    async def _transition(self, caller: Caller, todo_id: str, sql: str, params: dict[str, Any], needs: str) -> Todo:
         # One conditional UPDATE whose WHERE carries ownership and scope: a todo outside the scope can never
         # change. Only when nothing matched do we look the todo up to say why (not_found, forbidden, conflict).
         async with self.pool.connection() as conn:
             cur = await conn.execute(sql, {**params, "queues": caller.scope_queues})
             row = await cur.fetchone()
         if row is None:
-            await self.get(caller, todo_id)
-            raise Conflict(conflict)
+            raise Conflict(conflict_message(await self.get(caller, todo_id), needs))
         return Todo.model_validate(row)
 
     @translates_errors
