@@ -21,6 +21,8 @@ ATTRIBUTES=(
   SwitchboardKind
   SwitchboardDecision
   SwitchboardRuleId
+  SwitchboardDeliveryId
+  SwitchboardEventId
 )
 
 log() { printf '[register-search-attributes] %s\n' "$*" >&2; }
