@@ -22,6 +22,7 @@ from runtime.relay import running_relay
 from runtime.root import Stores, build_stores, worker_resources
 from runtime.schedules import ensure_schedules
 from store.db import Pool
+from switchboard.metrics import listening
 from switchboard.settings import Settings
 from workflows.route_delivery import RouteDelivery, evaluate_task_queue
 from workflows.schedules import FireSchedule
@@ -131,9 +132,14 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
     """Run until stop is set (or forever)."""
     # Fault injection for the crash tests only (a pause before each commit); zero in production.
     delay = float(os.environ.get("SWITCHBOARD_FAULT_COMMIT_DELAY", "0") or 0)
-    async with running_worker(settings, commit_delay=delay):
-        log.info("worker polling task queues %s and %s", settings.task_queue, evaluate_task_queue(settings.task_queue))
-        await (stop or asyncio.Event()).wait()
+    # The worker's own metrics listener (SWITCHBOARD_WORKER_METRICS_PORT; none by default, so several workers
+    # share a host): an API process serves /metrics on its HTTP port instead.
+    with listening(settings.http_host, settings.worker_metrics_port):
+        async with running_worker(settings, commit_delay=delay):
+            log.info(
+                "worker polling task queues %s and %s", settings.task_queue, evaluate_task_queue(settings.task_queue)
+            )
+            await (stop or asyncio.Event()).wait()
 
 
 @contextlib.asynccontextmanager

@@ -15,9 +15,11 @@ from temporalio.client import Client
 from api import ingest, stream
 from api.clientaddr import ClientAddressMiddleware
 from api.deps import HealthPoolDep, Services, SettingsDep, TemporalDep
+from api.docs import install_docs
 from api.doorbell import run_doorbell
 from api.errors import install_error_handlers
 from api.mcp import McpSurface
+from api.metrics import router as metrics_router
 from api.middleware import AgentAuthMiddleware, BodyLimitMiddleware, RequestLogMiddleware
 from api.surface import install_verb_routes
 from runtime.root import api_resources
@@ -68,8 +70,13 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
         version="0.1.0",
         description=DESCRIPTION,
         lifespan=lifespan,
+        # Served by install_docs with local assets (the defaults load them from a CDN).
+        docs_url=None,
+        redoc_url=None,
     )
     install_error_handlers(app)
+    install_docs(app)
+    app.include_router(metrics_router)
     app.include_router(ingest.router)
     install_verb_routes(app)
     app.include_router(stream.router)

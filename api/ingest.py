@@ -30,6 +30,7 @@ from store.errors import StoreUnavailable
 from store.inbox import InboxReason, InboxStore
 from store.models import IngestWebhook
 from store.webhooks import WebhookStore
+from switchboard.metrics import record_ingest
 from switchboard.settings import Settings
 from workflows.route_delivery import workflow_id_for
 
@@ -89,6 +90,37 @@ async def ingest(
     admission: AdmissionDep,
     temporal: TemporalDep,
 ) -> JSONResponse:
+    started = time.perf_counter()
+    status = 500  # an exception escaping the handler is answered 500 by the error handlers
+    try:
+        response = await _receive(
+            ingest_token,
+            request,
+            settings=settings,
+            webhooks=webhooks,
+            buckets=buckets,
+            inbox=inbox,
+            admission=admission,
+            temporal=temporal,
+        )
+        status = response.status_code
+        return response
+    finally:
+        # The webhook's source type once its token resolved to a known one (_receive sets it), else "unknown".
+        record_ingest(getattr(request.state, "ingest_source", None), status, time.perf_counter() - started)
+
+
+async def _receive(
+    ingest_token: str,
+    request: Request,
+    *,
+    settings: Settings,
+    webhooks: WebhookStore,
+    buckets: TokenBuckets,
+    inbox: InboxStore,
+    admission: Admission,
+    temporal: Client | None,
+) -> JSONResponse:
     # The real client address (api/clientaddr.py resolved X-Forwarded-For from trusted proxies only).
     client_ip = request.client.host if request.client else "unknown"
     gate = _AddressGate(buckets, client_ip)
@@ -110,6 +142,7 @@ async def ingest(
         # A stored source type this build does not know how to verify: refuse, never accept unverified.
         log.error("webhook source type is unknown", extra={"webhook_id": webhook.id})
         return _error(503, "webhook configuration is unreadable; nothing was accepted")
+    request.state.ingest_source = webhook.source_type
 
     raw_headers = list(request.headers.items())
     headers = lower_headers(raw_headers)

@@ -37,6 +37,7 @@ from store.rules import RuleStore
 from store.schedules import ScheduleStore
 from store.todos import TodoStore
 from store.webhooks import WebhookStore
+from switchboard.metrics import sandbox_observer
 from switchboard.settings import Settings
 from switchboard.temporal import connect
 
@@ -85,7 +86,7 @@ def build_stores(pool: Pool, settings: Settings) -> Stores:
 
 def evaluation_sandbox(settings: Settings) -> SandboxPool:
     """The jq sandbox of a worker's evaluate queue: one child per evaluate slot (plus a spare)."""
-    return SandboxPool(max_children=settings.sandbox_slots)
+    return SandboxPool(max_children=settings.sandbox_slots, observer=sandbox_observer("delivery"))
 
 
 def rule_test_sandbox(settings: Settings) -> SandboxPool:
@@ -93,7 +94,9 @@ def rule_test_sandbox(settings: Settings) -> SandboxPool:
 
     Children start on first use; a verb waits up to RULE_TEST_WAIT for one before answering sandbox_busy.
     """
-    return SandboxPool(max_children=settings.rule_test_slots, acquire_timeout=RULE_TEST_WAIT)
+    return SandboxPool(
+        max_children=settings.rule_test_slots, acquire_timeout=RULE_TEST_WAIT, observer=sandbox_observer("rule_test")
+    )
 
 
 def _database_url(settings: Settings) -> str:

@@ -14,6 +14,7 @@ from temporalio.client import (
     ScheduleOverlapPolicy,
     SchedulePolicy,
     ScheduleSpec,
+    ScheduleUpdate,
 )
 
 from activities.models import UpkeepInput
@@ -36,14 +37,7 @@ async def ensure_schedules(client: Client, task_queue: str) -> None:
     """Create the upkeep schedules once; an existing schedule is left as the operator configured it."""
     ids = schedule_ids(task_queue)
     schedules = {
-        # Lease reaper and due retries.
-        ids["ReapTodos"]: Schedule(
-            action=ScheduleActionStartWorkflow(
-                "ReapTodos", UpkeepInput(), id=f"{ids['ReapTodos']}-run", task_queue=task_queue
-            ),
-            spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(seconds=30))]),
-            policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=timedelta(minutes=1)),
-        ),
+        ids["ReapTodos"]: reaper_schedule(ids["ReapTodos"], task_queue),
         # Retention: events and terminal todos past 30 days.
         ids["PruneRetention"]: Schedule(
             action=ScheduleActionStartWorkflow(
@@ -58,4 +52,37 @@ async def ensure_schedules(client: Client, task_queue: str) -> None:
             await client.create_schedule(schedule_id, schedule)
             log.info("created schedule %s", schedule_id)
         except ScheduleAlreadyRunningError:
-            pass
+            if schedule_id == ids["ReapTodos"]:
+                await _upgrade_reaper(client, schedule_id, schedule)
+
+
+# Lease reaper and due retries: one run an hour that reaps every 30 s (ReapTodos loops on durable timers),
+# so reaps keep their 30 s pace while the workflow list gains 24 runs a day instead of 2,880.
+REAP_EVERY = timedelta(seconds=30)
+REAPER_RUN_EVERY = timedelta(hours=1)
+# The one-reap-per-run schedule earlier releases created; ensure_schedules moves exactly that one over.
+LEGACY_REAPER_EVERY = timedelta(seconds=30)
+
+
+def reaper_schedule(schedule_id: str, task_queue: str) -> Schedule:
+    """The reaper's schedule: hourly runs of ReapTodos, each reaping every 30 s for the hour."""
+    rounds = int(REAPER_RUN_EVERY / REAP_EVERY)
+    data = UpkeepInput(rounds=rounds, every_seconds=REAP_EVERY.total_seconds())
+    return Schedule(
+        action=ScheduleActionStartWorkflow("ReapTodos", data, id=f"{schedule_id}-run", task_queue=task_queue),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=REAPER_RUN_EVERY)]),
+        # The run ends one round before the hour; a run still going when the next start is due (a slow worker)
+        # is followed straight away instead of skipped, so there is never an hour without reaps. A start
+        # missed while the server was down is taken when it is back, within the hour.
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.BUFFER_ONE, catchup_window=REAPER_RUN_EVERY),
+    )
+
+
+async def _upgrade_reaper(client: Client, schedule_id: str, schedule: Schedule) -> None:
+    """Move an earlier release's every-30-s reaper schedule to the hourly looping one; any other is left alone."""
+    handle = client.get_schedule_handle(schedule_id)
+    desc = await handle.describe()
+    if [i.every for i in desc.schedule.spec.intervals] != [LEGACY_REAPER_EVERY]:
+        return
+    await handle.update(lambda _: ScheduleUpdate(schedule=schedule))
+    log.info("moved schedule %s to hourly runs that reap every %s s", schedule_id, REAP_EVERY.total_seconds())

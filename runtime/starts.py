@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -16,8 +17,10 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from routing.delivery import CommitResult, DeliveryInput
 from switchboard.settings import Settings
-from workflows import search
+from workflows import explain, search
 from workflows.route_delivery import RouteDelivery, workflow_id_for
+
+log = logging.getLogger("switchboard.temporal")
 
 
 async def start_delivery(
@@ -34,6 +37,7 @@ async def start_delivery(
     ]
     if delivery.kind:
         attrs.append(SearchAttributePair(search.KIND, delivery.kind[:256]))
+    summary, details = describe_start(delivery, attrs)
     handle = await client.start_workflow(
         RouteDelivery.run,
         delivery,
@@ -42,11 +46,30 @@ async def start_delivery(
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         search_attributes=TypedSearchAttributes(attrs),
+        # What the UI's list and the run's page show; user metadata, not part of what replay compares.
+        static_summary=summary,
+        static_details=details,
         rpc_timeout=timedelta(seconds=settings.temporal_start_timeout_seconds),
         # Taken only when this process also hosts a worker on the task queue (switchboard dev / api, the relay).
         request_eager_start=settings.eager_start,
     )
     return handle, started_run(handle)
+
+
+def describe_start(delivery: DeliveryInput, attrs: list[Any]) -> tuple[str, str]:
+    """The run's summary line and start details; adds the producer's delivery id to ``attrs`` when it sent one.
+
+    Display only: a body that cannot be described still starts (its summary is just source and kind).
+    """
+    try:
+        envelope = explain.received_envelope(delivery)
+    except Exception:  # a description must never cost a delivery its start
+        log.warning("could not describe a delivery for the Temporal UI", exc_info=True)
+        envelope = None
+    producer_id = explain.delivery_attribute(delivery, envelope)
+    if producer_id is not None:
+        attrs.append(SearchAttributePair(search.DELIVERY_ID, producer_id))
+    return explain.summary_line(delivery, envelope), explain.start_details(delivery)
 
 
 def started_run(handle: WorkflowHandle[Any, Any]) -> bool:

@@ -273,3 +273,26 @@ class TodoStore:
             "dead_lettered": sum(1 for r in leases if r["state"] == "failed"),
             "retried": len(retries),
         }
+
+    @translates_errors
+    async def live_counts(self, limit: int) -> dict[tuple[str, str], int]:
+        """Live todos per (queue, state) across every endpoint, the largest `limit` groups (for /metrics).
+
+        Only the live states, each served by its partial index (pending, claimed, failed awaiting a retry):
+        terminal rows are most of a busy table and are counted by the process counters instead. A statement
+        timeout bounds the scrape however large the backlog.
+        """
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute("SET LOCAL statement_timeout = '2s'")
+            cur = await conn.execute(_LIVE_COUNTS, {"limit": limit})
+            rows = await cur.fetchall()
+        return {(r["queue"], r["state"]): int(r["n"]) for r in rows}
+
+
+_LIVE_COUNTS = """
+SELECT queue, state, count(*) AS n FROM todos
+WHERE state IN ('pending', 'claimed') OR (state = 'failed' AND next_retry_at IS NOT NULL)
+GROUP BY queue, state
+ORDER BY n DESC, queue, state
+LIMIT %(limit)s
+"""

@@ -1,10 +1,16 @@
-"""The Temporal connection: one client construction, with the pydantic data converter every process shares."""
+"""The Temporal connection: one client construction (data converter, metrics runtime, TLS and API key)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import TLSConfig
 
+from switchboard.logs import install_masking
+from switchboard.metrics import temporal_runtime
 from switchboard.settings import Settings
 
 
@@ -14,5 +20,48 @@ async def connect(settings: Settings, address: str | None = None, *, lazy: bool 
     if not target:
         raise RuntimeError("SWITCHBOARD_TEMPORAL_ADDRESS is not set")
     return await Client.connect(
-        target, namespace=settings.temporal_namespace, data_converter=pydantic_data_converter, lazy=lazy
+        target,
+        namespace=settings.temporal_namespace,
+        data_converter=pydantic_data_converter,
+        lazy=lazy,
+        # The process's one Runtime: the SDK's metrics (this client's and its workers') join /metrics.
+        runtime=temporal_runtime(),
+        **connect_security(settings),
     )
+
+
+def connect_security(settings: Settings) -> dict[str, Any]:
+    """The `tls=` and `api_key=` arguments of Client.connect for these settings.
+
+    Fails closed: a configured certificate, key or CA that cannot be read raises (the process refuses to start)
+    rather than connecting without it. An API key alone turns on TLS with the system roots (Temporal Cloud).
+    """
+    options: dict[str, Any] = {}
+    if settings.temporal_api_key:
+        install_masking([settings.temporal_api_key])  # never in a log line, whoever logs it
+        options["api_key"] = settings.temporal_api_key
+    ca, cert, key = (
+        settings.temporal_tls_ca_file,
+        settings.temporal_tls_cert_file,
+        settings.temporal_tls_key_file,
+    )
+    if ca or cert or key or settings.temporal_tls_server_name:
+        options["tls"] = TLSConfig(
+            server_root_ca_cert=_read_pem(ca, "SWITCHBOARD_TEMPORAL_TLS_CA_FILE") if ca else None,
+            domain=settings.temporal_tls_server_name or None,
+            client_cert=_read_pem(cert, "SWITCHBOARD_TEMPORAL_TLS_CERT_FILE") if cert else None,
+            client_private_key=_read_pem(key, "SWITCHBOARD_TEMPORAL_TLS_KEY_FILE") if key else None,
+        )
+    elif settings.temporal_tls or settings.temporal_api_key:
+        options["tls"] = True
+    return options
+
+
+def _read_pem(path: Path, setting: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RuntimeError(f"{setting}: cannot read {path}: {exc.strerror or exc}") from exc
+    if b"-----BEGIN " not in data:
+        raise RuntimeError(f"{setting}: {path} is not a PEM file")
+    return data

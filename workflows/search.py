@@ -9,5 +9,9 @@ SOURCE = SearchAttributeKey.for_keyword("SwitchboardSource")
 KIND = SearchAttributeKey.for_keyword("SwitchboardKind")
 DECISION = SearchAttributeKey.for_keyword("SwitchboardDecision")
 RULE_ID = SearchAttributeKey.for_keyword("SwitchboardRuleId")
+# The producer's own delivery id (X-GitHub-Delivery, a Stripe event id, ...), set at start when it sent one.
+DELIVERY_ID = SearchAttributeKey.for_keyword("SwitchboardDeliveryId")
+# The stored event (ev_...), upserted once the commit names it.
+EVENT_ID = SearchAttributeKey.for_keyword("SwitchboardEventId")
 
-ALL = (WEBHOOK_ID, SOURCE, KIND, DECISION, RULE_ID)
+ALL = (WEBHOOK_ID, SOURCE, KIND, DECISION, RULE_ID, DELIVERY_ID, EVENT_ID)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from api.verbs.registry import READ, Context, Hints, VerbInput, verb
 from store.models import Todo
 from store.todos import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS
+from switchboard.metrics import CLAIMS, DEAD_LETTERS, bounded
 
 State = Literal["pending", "claimed", "done", "failed", "canceled"]
 
@@ -182,7 +183,9 @@ async def get_todo(ctx: Context, data: TodoIdInput) -> TodoResult:
     hints=Hints(idempotent=True),
 )
 async def claim(ctx: Context, data: ClaimInput) -> TodoResult:
-    return TodoResult(todo=_full(await ctx.services.todos.claim(ctx.caller, data.todo_id, data.lease_seconds)))
+    todo = await ctx.services.todos.claim(ctx.caller, data.todo_id, data.lease_seconds)
+    CLAIMS.labels(queue=bounded(todo.queue)).inc()
+    return TodoResult(todo=_full(todo))
 
 
 @verb(
@@ -194,7 +197,10 @@ async def claim(ctx: Context, data: ClaimInput) -> TodoResult:
 )
 async def claim_next(ctx: Context, data: ClaimNextInput) -> ClaimNextOutput:
     todo = await ctx.services.todos.claim_next(ctx.caller, data.queue, data.lease_seconds)
-    return ClaimNextOutput(empty=True) if todo is None else ClaimNextOutput(todo=_full(todo))
+    if todo is None:
+        return ClaimNextOutput(empty=True)
+    CLAIMS.labels(queue=bounded(todo.queue)).inc()
+    return ClaimNextOutput(todo=_full(todo))
 
 
 @verb(
@@ -218,7 +224,10 @@ async def complete(ctx: Context, data: CompleteInput) -> TodoResult:
     hints=Hints(idempotent=True),
 )
 async def fail(ctx: Context, data: FailInput) -> TodoResult:
-    return TodoResult(todo=_full(await ctx.services.todos.fail(ctx.caller, data.todo_id, data.error, data.result)))
+    todo = await ctx.services.todos.fail(ctx.caller, data.todo_id, data.error, data.result)
+    if todo.state == "failed" and todo.next_retry_at is None:  # at the attempt cap: a dead letter
+        DEAD_LETTERS.labels(cause="failed").inc()
+    return TodoResult(todo=_full(todo))
 
 
 @verb(
