@@ -16,7 +16,7 @@ BELOW: dict[str, set[str]] = {
     "switchboard": set(),
     "routing": set(),
     "store": {"routing", "switchboard"},
-    "activities": {"routing", "store"},
+    "activities": {"routing", "store", "switchboard"},
     "workflows": {"routing", "activities"},
     "runtime": {"switchboard", "routing", "store", "activities", "workflows"},
     "worker": {"switchboard", "routing", "store", "activities", "workflows", "runtime"},
@@ -54,7 +54,7 @@ def _targets(node: ast.Import | ast.ImportFrom) -> list[str]:
         assert node.level == 0, "relative imports are not used in this codebase"
         base = node.module or ""
         names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
-    return [n for n in names if n.split(".")[0] in BELOW]
+    return list(dict.fromkeys(n for n in names if n.split(".")[0] in BELOW))
 
 
 class _Imports(ast.NodeVisitor):
