@@ -20,7 +20,7 @@ PRUNE_BATCH = 5000
 
 _SUMMARY_COLUMNS = (
     "ev.id, ev.source, ev.kind, ev.trust_mode, ev.verified, ev.payload_size, ev.received_at, ev.webhook_id,"
-    " ev.disposition, ev.routing_trace AS routing, ev.todo_ids"
+    " ev.disposition, ev.routing_trace AS routing, ev.todo_ids, ev.reroute_of"
 )
 
 # Visibility is by the webhook's owner, whatever became of the webhook since: a deleted webhook's history
@@ -32,16 +32,39 @@ JOIN agents a ON a.id = e.agent_id AND a.owner_human_id = %(human)s
 """
 
 # Newest first, keyset on (received_at, id): a page never repeats or skips a row however many arrive meanwhile.
-_LIST = f"""
-SELECT {_SUMMARY_COLUMNS}
-FROM events ev {_OWNED}
-WHERE (%(webhook)s::text IS NULL OR ev.webhook_id = %(webhook)s)
+_FILTERS = """
+  AND (%(webhook)s::text IS NULL OR ev.webhook_id = %(webhook)s)
   AND (%(kind)s::text IS NULL OR ev.kind = %(kind)s)
   AND (%(disposition)s::text IS NULL OR ev.disposition = %(disposition)s)
   AND (%(since)s::timestamptz IS NULL OR ev.received_at >= %(since)s)
   AND (%(after_at)s::timestamptz IS NULL OR (ev.received_at, ev.id) < (%(after_at)s::timestamptz, %(after_id)s::text))
 ORDER BY ev.received_at DESC, ev.id DESC
 LIMIT %(limit)s
+"""
+
+_LIST = f"""
+SELECT {_SUMMARY_COLUMNS}
+FROM events ev {_OWNED}
+WHERE true {_FILTERS}
+"""  # noqa: S608 - constant fragments only
+
+# Every event of one producer delivery: on each of the human's webhooks, the original whose idempotency key is
+# "{webhook_id}:{delivery_id}" (events_external_id_idx), and the re-routes naming it (events_reroute_of_idx).
+# Its own statement, so the planner drives from those few rows rather than filtering the whole history.
+_LIST_DELIVERY = f"""
+WITH originals AS (
+    SELECT o.id FROM endpoint_webhooks ow
+    JOIN endpoints oe ON oe.id = ow.endpoint_id
+    JOIN agents oa ON oa.id = oe.agent_id AND oa.owner_human_id = %(human)s
+    JOIN events o ON o.external_id = ow.id || ':' || %(delivery)s AND o.webhook_id = ow.id AND o.reroute_of IS NULL
+), delivery AS (
+    SELECT id FROM originals
+    UNION ALL
+    SELECT r.id FROM events r JOIN originals ON r.reroute_of = originals.id
+)
+SELECT {_SUMMARY_COLUMNS}
+FROM events ev {_OWNED}
+WHERE ev.id IN (SELECT id FROM delivery) {_FILTERS}
 """  # noqa: S608 - constant fragments only
 
 _GET = f"""
@@ -87,6 +110,7 @@ class EventSummary(BaseModel):
     disposition: str
     routing: dict[str, Any]
     todo_ids: list[str]
+    reroute_of: str | None = None
 
 
 class EventDetail(EventSummary):
@@ -154,8 +178,12 @@ class EventStore:
         since: datetime | None,
         limit: int,
         cursor: str | None,
+        delivery_id: str | None = None,
     ) -> EventPage:
-        """A page of the human's events, newest first; a foreign or unknown webhook filter is not_found."""
+        """A page of the human's events, newest first; a foreign or unknown webhook filter is not_found.
+
+        With delivery_id, only the events of that producer delivery: its original event and its re-routes.
+        """
         after_at, after_id = decode_cursor(cursor) if cursor else (None, None)
         async with self.pool.connection() as conn:
             if webhook_id is not None:
@@ -163,9 +191,10 @@ class EventStore:
                 if await cur.fetchone() is None:
                     raise NotFound(WEBHOOK_NOT_FOUND)
             cur = await conn.execute(
-                _LIST,
+                _LIST if delivery_id is None else _LIST_DELIVERY,
                 {
                     "human": caller.human_id,
+                    "delivery": delivery_id,
                     "webhook": webhook_id,
                     "kind": kind,
                     "disposition": disposition,
