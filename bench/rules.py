@@ -22,7 +22,8 @@ import jq
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._stack import dev_stack, drive
-from routing.sandbox import SandboxPool, encode_input, evaluate_in_process
+from routing.sandbox import SandboxPool, encode_input
+from tests.routing.in_process import evaluate_in_process
 from tests.signing import sign_github
 
 ITERATIONS = 500

@@ -2,27 +2,17 @@
 
 Run as ``python -I routing/sandbox_child.py <memory_limit> <hard_deadline> <progress_fd>`` with an empty
 environment.
-This module imports nothing but the standard library, ``jq`` and the stdlib-only jq policy
-(routing/jq_policy.py, loaded by path), so a freshly executed child stays small enough for an
-address-space cap to bound libjq (which aborts the process on allocation failure).
+This module imports nothing but the standard library, ``jq``, the stdlib-only jq policy
+(routing/jq_policy.py) and the stdlib-only wire protocol (routing/sandbox/protocol.py), the last two loaded
+by path, so a freshly executed child stays small enough for an address-space cap to bound libjq (which
+aborts the process on allocation failure).
 
-Protocol: one request line in, reply lines out; every reply line starts with ``SBX1 ``.
-
-* request: ``<header JSON> TAB <input JSON>`` where the header is ``{"seq", "base", "start", "exprs"}``
-  (rule ``i`` of ``exprs`` is rule ``base + i`` of the webhook; evaluation begins at ``start``) and the
-  input is ``[params, envelope]``, handed to jq as text so Python never parses the payload; or
-  ``{"seq", "warm": [exprs, ...]}`` to compile lists ahead of need; or ``{"seq", "check": exprs}`` (save-time
-  validation) to compile each expression alone, answered with a ``compile_error`` fault line per expression
-  that does not compile;
-* replies: ``[0, "ready"]`` once at start-up; per request one ``[seq, "r", rule_index, cause, detail]``
-  per faulted rule and a final ``[seq, "end", matched_index_or_null]``. Rules without a line did not
-  match. Only indexes, causes and short fault details ever leave the child.
-* progress: before each rule the child writes its index and start time, in wall-clock and in its own
-  CPU time, into a shared memory slot (fd in argv), so the parent can time the running rule without a
-  pipe write and wake-up per rule. The parent reads the child's CPU clock itself, so the per-rule and
-  per-event budgets count the CPU the rules used, not time the child spent waiting for a core.
-  While the list compiles (COMPILING) or the event is parsed (PARSING) only the hard deadline applies:
-  the per-rule and per-event clocks measure rule evaluation, never the producer-sized parse.
+The protocol (requests, replies, the progress slot) is described in routing/sandbox/protocol.py. Before
+each rule the child writes its index and start time, in wall-clock and in its own CPU time, into the
+progress slot; the parent reads the child's CPU clock itself, so the per-rule and per-event budgets
+count the CPU the rules used, not time the child spent waiting for a core. While the list compiles
+(COMPILING) or the event is parsed (PARSING) only the hard deadline applies: the per-rule and per-event
+clocks measure rule evaluation, never the producer-sized parse.
 
 The envelope arrives as compact UTF-8 JSON; libjq parses it once per request (again only after an error
 no rule's try/catch could hold), before the first rule's clock starts. At start-up, before reading any
@@ -33,10 +23,8 @@ execve and execveat, so a libjq bug reached by a hostile rule still cannot start
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import struct
 import sys
 import time
 from collections import OrderedDict
@@ -48,26 +36,24 @@ import jq
 
 if TYPE_CHECKING or __package__:
     from routing import jq_policy
+    from routing.sandbox import protocol
 else:
     # Run as a script under "python -I": the script's folder is not on sys.path, and widening it would
-    # make every sibling module importable. Load the one policy module by path instead.
+    # make every sibling module importable. Load the two stdlib-only modules it needs by path instead.
     import importlib.util
+    from types import ModuleType
 
-    _spec = importlib.util.spec_from_file_location("routing.jq_policy", Path(__file__).with_name("jq_policy.py"))
-    assert _spec is not None and _spec.loader is not None
-    jq_policy = importlib.util.module_from_spec(_spec)
-    sys.modules[_spec.name] = jq_policy  # dataclasses resolve their module through sys.modules
-    _spec.loader.exec_module(jq_policy)
+    def _load(name: str, path: Path) -> ModuleType:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses resolve their module through sys.modules
+        spec.loader.exec_module(module)
+        return module
 
-PREFIX: Final = b"SBX1 "
-# Shared progress slot, written before each rule: request seq, the running rule's index (COMPILING while
-# the rule list compiles, PARSING while libjq parses the event), when that rule started and when the rules'
-# clock started (moved on by every parse, so that now minus it is time spent in rules), each on the wall
-# clock (CLOCK_MONOTONIC ns) and on the child's CPU clock (CLOCK_PROCESS_CPUTIME_ID ns: the clock the
-# parent reads as this process's CPU clock, so the two compare without translation).
-PROGRESS: Final = struct.Struct("<qqqqqq")
-COMPILING: Final = -1
-PARSING: Final = -2
+    jq_policy = _load("routing.jq_policy", Path(__file__).with_name("jq_policy.py"))
+    protocol = _load("routing.sandbox.protocol", Path(__file__).with_name("sandbox") / "protocol.py")
+
 # The combined program's first output, emitted once libjq has parsed the input and before any rule runs.
 PARSED: Final = "parsed"
 
@@ -122,12 +108,6 @@ def _combined(exprs: list[tuple[int, str]]) -> str:
     body = ",\n".join(_segment(position, expr) for position, expr in exprs)
     # libjq parses the input before the program starts, so the PARSED output marks the end of the parse.
     return f'"{PARSED}", (.[0] as $params | .[2] as $__sbx_start | .[1] | (\n{body}\n))'
-
-
-def input_text(params: dict[str, Any] | None, envelope_json: str) -> str:
-    """The jq input for one event: params (None binds as {}) beside the already-encoded envelope."""
-    params_json = json.dumps(params if params is not None else {}, separators=(",", ":"))
-    return "[" + params_json + "," + envelope_json + "]"
 
 
 class _Plan:
@@ -253,10 +233,6 @@ class RuleEngine:
                 position += 1
 
 
-def _reply(*fields: object) -> bytes:
-    return PREFIX + json.dumps(fields, separators=(",", ":")).encode() + b"\n"
-
-
 def _write(data: bytes) -> None:
     while data:
         data = data[os.write(1, data) :]
@@ -364,35 +340,34 @@ def serve(memory_limit: int, hard_deadline: float, progress_fd: int) -> None:
 
     # The mapping outlives its descriptor (and the duplicate mmap keeps, closed by harden(): this object is
     # never resized or closed, so that descriptor is never used again).
-    progress = mmap.mmap(progress_fd, PROGRESS.size)
+    progress = mmap.mmap(progress_fd, protocol.PROGRESS.size)
     os.close(progress_fd)
     harden()
     engine = RuleEngine()
     if memory_limit > 0:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
     stdin = sys.stdin.buffer
-    _write(_reply(0, "ready"))
+    _write(protocol.reply(0, "ready"))
     while True:
         line = stdin.readline()
         if not line:
             return
-        head, _, body = line.partition(b"\t")
-        request = json.loads(head)
+        request, body = protocol.read_request(line)
         seq = int(request["seq"])
         if "warm" in request:  # compile rule lists ahead of need, e.g. on a freshly started spare
             for warm_exprs in request["warm"]:
                 engine.prepare(list(warm_exprs))
-            _write(_reply(seq, "end", None))
+            _write(protocol.reply(seq, "end", None))
             continue
         if "check" in request:
             _check(progress, seq, list(request["check"]), hard_deadline)
             continue
         base, start, exprs = int(request["base"]), int(request["start"]), list(request["exprs"])
-        text = body.rstrip(b"\n").decode()
+        text = body.decode()
         # A self-watchdog: SIGALRM's default action ends the child even inside libjq, even if the
         # parent is gone and can no longer kill it.
         signal.setitimer(signal.ITIMER_REAL, hard_deadline)
-        PROGRESS.pack_into(progress, 0, seq, COMPILING, 0, 0, 0, 0)
+        protocol.PROGRESS.pack_into(progress, 0, seq, protocol.COMPILING, 0, 0, 0, 0)
         plan = engine.prepare(exprs)
         clock = _RulesClock(progress, seq, base)
         matched: int | None = None
@@ -403,9 +378,9 @@ def serve(memory_limit: int, hard_deadline: float, progress_fd: int) -> None:
                 matched = base + position
                 break
             if outcome != "nomatch":
-                _write(_reply(seq, "r", base + position, outcome, detail))
+                _write(protocol.reply(seq, "r", base + position, outcome, detail))
             clock.rule_started(position + 1)
-        _write(_reply(seq, "end", matched))
+        _write(protocol.reply(seq, "end", matched))
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
@@ -420,16 +395,16 @@ def _check(progress: Any, seq: int, exprs: list[object], hard_deadline: float) -
     signal.setitimer(signal.ITIMER_REAL, hard_deadline)
     began, began_cpu = time.monotonic_ns(), _cpu_ns()
     for position, expr in enumerate(exprs):
-        PROGRESS.pack_into(progress, 0, seq, position, time.monotonic_ns(), began, _cpu_ns(), began_cpu)
+        protocol.PROGRESS.pack_into(progress, 0, seq, position, time.monotonic_ns(), began, _cpu_ns(), began_cpu)
         error = RuleEngine().prepare([expr]).compile_errors.get(0)
         if error is not None:
-            _write(_reply(seq, "r", position, "compile_error", error))
-    _write(_reply(seq, "end", None))
+            _write(protocol.reply(seq, "r", position, "compile_error", error))
+    _write(protocol.reply(seq, "end", None))
     signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def _cpu_ns() -> int:
-    """This process's CPU time in ns: the same clock the parent reads for this pid (see PROGRESS)."""
+    """This process's CPU time in ns: the same clock the parent reads for this pid (see protocol.PROGRESS)."""
     return time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)
 
 
@@ -450,7 +425,7 @@ class _RulesClock:
         """libjq starts parsing the event: no rule is running, only the hard deadline applies."""
         self._paused_at = time.monotonic_ns()
         self._paused_cpu = _cpu_ns()
-        PROGRESS.pack_into(self._progress, 0, self._seq, PARSING, 0, 0, 0, 0)
+        protocol.PROGRESS.pack_into(self._progress, 0, self._seq, protocol.PARSING, 0, 0, 0, 0)
 
     def parsed(self, position: int) -> None:
         """The parse is over; the rules' clocks resume without it and rule ``position`` starts."""
@@ -465,7 +440,9 @@ class _RulesClock:
         self._write(position, time.monotonic_ns(), _cpu_ns())
 
     def _write(self, position: int, now: int, cpu: int) -> None:
-        PROGRESS.pack_into(self._progress, 0, self._seq, self._base + position, now, self._began, cpu, self._began_cpu)
+        protocol.PROGRESS.pack_into(
+            self._progress, 0, self._seq, self._base + position, now, self._began, cpu, self._began_cpu
+        )
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+from importlib.resources.abc import Traversable
 from typing import Any
 
 import psycopg
@@ -13,13 +13,13 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from store.errors import translates_errors
+from switchboard import resources
 
 log = logging.getLogger("switchboard.store")
 
 Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
 """The pool type every store receives: connections that return dict rows."""
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 _MIGRATION_LOCK = 0x5B0A_4D16  # advisory lock id held while migrating
 
 # psycopg_pool retries a lost server at 1, 3, 7, 15, 31 s…, so after a 20 s outage the pools stayed empty (and
@@ -68,17 +68,14 @@ def ensure_database(server_url: str, database: str) -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
 
 
-def migration_files(directory: Path = MIGRATIONS_DIR) -> list[tuple[str, str]]:
-    """(version, sql) for each numbered migration, in order."""
-    out = []
-    for path in sorted(directory.glob("[0-9][0-9][0-9][0-9]_*.sql")):
-        out.append((path.stem, path.read_text()))
-    return out
+def migration_files(directory: Traversable | None = None) -> list[tuple[str, str]]:
+    """(version, sql) for each numbered migration of `directory` (default: the shipped ones), in order."""
+    return [(f.name.removesuffix(".sql"), f.read_text(encoding="utf-8")) for f in resources.migration_files(directory)]
 
 
 @translates_errors
-def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
-    """Apply pending migrations under an advisory lock; returns the versions applied now."""
+def migrate(url: str, directory: Traversable | None = None) -> list[str]:
+    """Apply pending migrations (default: the shipped ones) under an advisory lock; returns those applied now."""
     applied_now: list[str] = []
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))

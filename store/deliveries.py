@@ -69,6 +69,16 @@ _ATTACH_UPDATE = """
 UPDATE todos SET update_event_ids = array_append(update_event_ids, %s), updated_at = now() WHERE id = %s
 """
 
+# A once-key is claimed by the first event that routes with it; a later one is recorded as a repeat.
+_CLAIM_ONCE = (
+    "INSERT INTO routing_once (webhook_id, once_key, event_id) VALUES (%s, %s, %s)"
+    " ON CONFLICT DO NOTHING RETURNING event_id"
+)
+_MARK_REPEAT = "UPDATE events SET disposition = 'repeat', routing_trace = %s, todo_ids = '{}' WHERE id = %s"
+_SET_TODOS = "UPDATE events SET todo_ids = %s WHERE id = %s"
+_SET_TODOS_AND_TRACE = "UPDATE events SET todo_ids = %s, routing_trace = %s WHERE id = %s"
+_FIND_TODOS = "SELECT id, endpoint_id, queue, event_id FROM todos WHERE id = ANY(%s)"
+
 _FIND_LIVE_TODO = """
 SELECT id FROM todos WHERE endpoint_id = %s AND idempotency_key = %s
   AND state NOT IN ('done', 'canceled') AND NOT (state = 'failed' AND next_retry_at IS NULL)
@@ -166,6 +176,7 @@ class DeliveryStore:
         base: dict[str, Any] = {"verified": d.verified, "trust_mode": d.trust_mode}
         event_id = new_id("ev")
         trace = dict(decision.trace)
+        rule_id = trace.get("rule_id")
         disposition = decision.disposition
         body = d.body()
         # Todo ids are minted up front so the event row names them from its first write.
@@ -173,57 +184,23 @@ class DeliveryStore:
             [(new_id("td"), t.endpoint_id, t.queue) for t in decision.deliveries] if disposition == "routed" else []
         )
         async with self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(
-                _INSERT_EVENT,
-                _event_row(
-                    d, event_id, trace, disposition, data.workflow_id, [p[0] for p in planned], body, run_id=data.run_id
-                ),
+            row = _event_row(
+                d, event_id, trace, disposition, data.workflow_id, [p[0] for p in planned], body, run_id=data.run_id
             )
-            if await cur.fetchone() is None:
+            if not await self._insert_event(conn, row):
                 # The dedup slot is spent: by this very run (a retry of a commit that had committed reports the
                 # original outcome), or by an earlier delivery or another run (a duplicate: report what it made).
                 again = await self._existing(conn, d.endpoint_id, d.source, d.external_id, data.run_id)
                 assert again is not None
                 return CommitResult(**again, **base)
-            rule_id = trace.get("rule_id")
             if disposition == "dropped":
                 return CommitResult(event_id=event_id, dropped=True, disposition="dropped", rule_id=rule_id, **base)
             if disposition == "faulted":
                 # on_fault "hold": the event and its faults are the whole outcome; no once-key, no todo, no ring.
                 return CommitResult(event_id=event_id, faulted=True, disposition="faulted", rule_id=rule_id, **base)
-            if decision.once_key:
-                cur = await conn.execute(
-                    "INSERT INTO routing_once (webhook_id, once_key, event_id) VALUES (%s, %s, %s)"
-                    " ON CONFLICT DO NOTHING RETURNING event_id",
-                    (d.webhook_id, decision.once_key, event_id),
-                )
-                if await cur.fetchone() is None:
-                    trace["once"] = "repeat"
-                    await conn.execute(
-                        "UPDATE events SET disposition = 'repeat', routing_trace = %s, todo_ids = '{}' WHERE id = %s",
-                        (Jsonb(trace), event_id),
-                    )
-                    return CommitResult(event_id=event_id, repeat=True, disposition="repeat", rule_id=rule_id, **base)
-            coalesced: dict[str, TodoRef] = {}
-            if decision.coalesce and decision.subject_key:
-                coalesced = await self._coalesce(conn, decision.subject_key, event_id, planned)
-                if coalesced:
-                    attached = [coalesced[p[1]].id for p in planned if p[1] in coalesced]
-                    trace["coalesced"] = {
-                        "todo_id": attached[0],
-                        **({"todo_ids": attached} if len(attached) > 1 else {}),
-                    }
-            to_mint = [p for p in planned if p[1] not in coalesced]
-            minted = {r.endpoint_id: r for r in await self._mint(conn, d, decision, event_id, trace, body, to_mint)}
-            # Target order, whichever way each target's todo came about.
-            refs = [r for p in planned if (r := coalesced.get(p[1]) or minted.get(p[1])) is not None]
-            if coalesced:
-                await conn.execute(
-                    "UPDATE events SET todo_ids = %s, routing_trace = %s WHERE id = %s",
-                    ([t.id for t in refs], Jsonb(trace), event_id),
-                )
-            elif [r.id for r in refs] != [p[0] for p in planned]:
-                await conn.execute("UPDATE events SET todo_ids = %s WHERE id = %s", ([t.id for t in refs], event_id))
+            if decision.once_key and not await self._claim_once(conn, d.webhook_id, decision.once_key, event_id, trace):
+                return CommitResult(event_id=event_id, repeat=True, disposition="repeat", rule_id=rule_id, **base)
+            refs = await self._place_todos(conn, d, decision, event_id, trace, body, planned)
             return CommitResult(
                 event_id=event_id,
                 todos=refs,
@@ -232,6 +209,53 @@ class DeliveryStore:
                 rule_id=rule_id,
                 **base,
             )
+
+    async def _insert_event(self, conn: AsyncConnection[Any], row: dict[str, Any]) -> bool:
+        """Insert the event row; False when its dedup slot (endpoint, source, external id) is already taken."""
+        cur = await conn.execute(_INSERT_EVENT, row)
+        return await cur.fetchone() is not None
+
+    async def _claim_once(
+        self, conn: AsyncConnection[Any], webhook_id: str, once_key: str, event_id: str, trace: dict[str, Any]
+    ) -> bool:
+        """Claim the once-key for this event; when an earlier event holds it, this one becomes a repeat."""
+        cur = await conn.execute(_CLAIM_ONCE, (webhook_id, once_key, event_id))
+        if await cur.fetchone() is not None:
+            return True
+        trace["once"] = "repeat"
+        await conn.execute(_MARK_REPEAT, (Jsonb(trace), event_id))
+        return False
+
+    async def _place_todos(
+        self,
+        conn: AsyncConnection[Any],
+        d: DeliveryInput,
+        decision: Decision,
+        event_id: str,
+        trace: dict[str, Any],
+        body: bytes,
+        planned: list[tuple[str, str, str]],
+    ) -> list[TodoRef]:
+        """Each target's todo, in target order: its open todo for the subject (coalesce), or a new one."""
+        coalesced: dict[str, TodoRef] = {}
+        if decision.coalesce and decision.subject_key:
+            coalesced = await self._coalesce(conn, decision.subject_key, event_id, planned)
+            if coalesced:
+                attached = [coalesced[p[1]].id for p in planned if p[1] in coalesced]
+                trace["coalesced"] = {
+                    "todo_id": attached[0],
+                    **({"todo_ids": attached} if len(attached) > 1 else {}),
+                }
+        to_mint = [p for p in planned if p[1] not in coalesced]
+        minted = {r.endpoint_id: r for r in await self._mint(conn, d, decision, event_id, trace, body, to_mint)}
+        # Target order, whichever way each target's todo came about.
+        refs = [r for p in planned if (r := coalesced.get(p[1]) or minted.get(p[1])) is not None]
+        # The event row named the planned ids; it names what each target got instead where that differs.
+        if coalesced:
+            await conn.execute(_SET_TODOS_AND_TRACE, ([t.id for t in refs], Jsonb(trace), event_id))
+        elif [r.id for r in refs] != [p[0] for p in planned]:
+            await conn.execute(_SET_TODOS, ([t.id for t in refs], event_id))
+        return refs
 
     @translates_errors
     async def commit_faulted(self, data: FaultCommitInput) -> CommitResult:
@@ -258,8 +282,7 @@ class DeliveryStore:
 
     async def _insert_faulted(self, d: DeliveryInput, row: dict[str, Any], base: dict[str, Any]) -> CommitResult:
         async with self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(_INSERT_EVENT, row)
-            if await cur.fetchone() is None:
+            if not await self._insert_event(conn, row):
                 # A redelivery (or a retried run) of a delivery already stored: it stays what it was.
                 again = await self._existing(conn, d.endpoint_id, d.source, row["external_id"], None)
                 assert again is not None
@@ -276,6 +299,7 @@ class DeliveryStore:
         body: bytes,
         planned: list[tuple[str, str, str]],
     ) -> list[TodoRef]:
+        """Mint the planned todos and ring the doorbell for each new one; a target with a live todo keeps it."""
         if not planned:
             return []
         parsed, lossy = parse_payload_checked(body)
@@ -341,9 +365,7 @@ class DeliveryStore:
         own = run_id is not None and row["workflow_run_id"] == run_id
         todos: list[TodoRef] = []
         if row["todo_ids"]:
-            cur = await conn.execute(
-                "SELECT id, endpoint_id, queue, event_id FROM todos WHERE id = ANY(%s)", (list(row["todo_ids"]),)
-            )
+            cur = await conn.execute(_FIND_TODOS, (list(row["todo_ids"]),))
             found = {r["id"]: r for r in await cur.fetchall()}
             # The todos this event minted carry its id; coalesced or already-live ones were found, not created.
             todos = [

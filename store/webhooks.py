@@ -7,7 +7,6 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow
-from psycopg.types.json import Jsonb
 
 from routing.models import Grant, Target
 from routing.sources import RESERVED_SOURCES, SOURCE_TYPES, find_source
@@ -203,15 +202,6 @@ class WebhookStore:
                 raise NotFound("unknown webhook")
 
     @translates_errors
-    async def add_route_unchecked(self, webhook_id: str, target_endpoint_id: str) -> None:
-        """Record a route without authorization (operators and tests; agents use the route verbs)."""
-        async with self.pool.connection() as conn:
-            await conn.execute(
-                "INSERT INTO webhook_routes (webhook_id, target_endpoint_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                (webhook_id, target_endpoint_id),
-            )
-
-    @translates_errors
     async def rotate(self, caller: Caller, webhook_id: str, *, replace_token: bool) -> dict[str, Any]:
         """Mint a new secret (and, when asked, a new ingest token); the old ones stop working at commit."""
         async with self.pool.connection() as conn, conn.transaction():
@@ -267,8 +257,3 @@ class WebhookStore:
 def collector_secret_context(webhook_id: str) -> str:
     """Associated data sealing a generic collector's HMAC secret: never interchangeable with the signing secret."""
     return f"{webhook_id}:collector-hmac"
-
-
-def as_json(value: Any) -> Jsonb | None:
-    """Wrap a value for a jsonb column (None stays SQL NULL)."""
-    return None if value is None else Jsonb(value)

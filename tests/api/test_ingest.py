@@ -112,14 +112,11 @@ async def test_route_to_second_endpoint_of_same_human_mints_one_todo_per_target(
     owner = await stack.agent(human)
     second = await stack.agent(human)
     webhook = await owner.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
-    from store.webhooks import WebhookStore  # routes verbs land with the agent-surface issue
-
     stack.sql(
         "INSERT INTO webhook_routes (webhook_id, target_endpoint_id) VALUES (%s, %s)",
         webhook["webhook_id"],
         second.endpoint_id,
     )
-    assert WebhookStore
     resp = await post_github(stack.http, webhook, issue_payload())
     todos = resp.json()["todos"]
     assert [t["endpoint_id"] for t in todos] == [owner.endpoint_id, second.endpoint_id]

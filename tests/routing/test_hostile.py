@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from routing.envelope import build_envelope, parse_payload
-from routing.sandbox import SandboxPool, evaluate_in_process
+from routing.sandbox import SandboxPool
+from tests.routing.in_process import evaluate_in_process
 
 
 def _envelope(body: bytes, *, verified: bool = False) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from routing.rules import RuleValidationError
 from routing.rules import validate_rules as validate_rules_with
 from routing.workorder import WORK_ORDER_AUTHORITY
 from tests.helpers import compiled_here
+from tests.routing.in_process import evaluate_in_process
 
 
 def validate_rules(rules: Any, default: Any, params: Any, g: Grant) -> list[dict[str, Any]]:
@@ -49,11 +50,7 @@ def evaluate_local(rules: list[dict[str, Any]], params: dict[str, Any] | None, e
 
 
 def _sandbox_in_process() -> Evaluator | None:
-    """The sandbox's in-process evaluator with generous budgets, when that module provides it."""
-    try:
-        from routing.sandbox import evaluate_in_process
-    except ImportError:
-        return None
+    """The sandbox's in-process evaluator with generous budgets."""
 
     def run(rules: list[dict[str, Any]], params: dict[str, Any] | None, envelope: dict[str, Any]) -> Evaluation:
         return evaluate_in_process(rules, params, envelope, rule_timeout=5.0, event_budget=60.0)
@@ -696,7 +693,7 @@ async def test_pool_review_through_the_sandbox_child() -> None:
 
 async def test_fleet_fixtures_through_the_sandbox_child_match_in_process() -> None:
     """Every fleet fixture decides identically in real sandbox children and in process."""
-    from routing.sandbox import SandboxPool, evaluate_in_process
+    from routing.sandbox import SandboxPool
 
     pool = SandboxPool(rule_timeout=5.0, event_budget=30.0, hard_deadline=60.0, acquire_timeout=30.0)
     try:

@@ -17,8 +17,10 @@ import pytest
 
 from routing import sandbox_child
 from routing.models import Evaluation
-from routing.sandbox import ProtocolViolation, Reply, SandboxPool, encode_input, evaluate_in_process, parse_reply
-from routing.sandbox_child import FD_LIMIT, PARSED, PARSING, PROGRESS, RuleEngine, _Plan, _RulesClock, refusal
+from routing.sandbox import ProtocolViolation, Reply, SandboxPool, encode_input, parse_reply
+from routing.sandbox.protocol import PARSING, PROGRESS
+from routing.sandbox_child import FD_LIMIT, PARSED, RuleEngine, _Plan, _RulesClock, refusal
+from tests.routing.in_process import evaluate_in_process
 
 ENVELOPE: dict[str, Any] = {
     "source": "github",
@@ -631,7 +633,7 @@ async def test_a_child_stopped_for_good_is_ended_by_the_hard_deadline() -> None:
 async def test_without_a_readable_cpu_clock_rules_are_timed_on_the_wall_clock(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("routing.sandbox._cpu_clock_id", lambda pid: 12345)  # no such clock: EINVAL
+    monkeypatch.setattr("routing.sandbox.child._cpu_clock_id", lambda pid: 12345)  # no such clock: EINVAL
     sandbox = SandboxPool()
     try:
         assert await sandbox.evaluate(rules(CLOSED), None, BIG_ENVELOPE) == Evaluation(matched_index=0)

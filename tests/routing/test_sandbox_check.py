@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from routing.rules import COMPILE_LIMIT, CompileCheckUnavailable, compile_failure
-from routing.sandbox import SandboxPool, check_in_process
+from routing.sandbox import SandboxPool
+from tests.routing.in_process import check_in_process
 from tests.routing.test_sandbox import ENVELOPE, causes, rules
 
 # Folded while compiling: 200 MB and 1 GB strings, past the child's 128 MiB address-space cap.

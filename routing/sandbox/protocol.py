@@ -1,0 +1,135 @@
+"""The sandbox's wire protocol: what the parent (routing/sandbox/) and the child (routing/sandbox_child.py) exchange.
+
+This module imports nothing but the standard library: the child runs with ``python -I`` and loads it by
+path (as it loads routing/jq_policy.py), so both sides frame, read and lay out the same bytes.
+
+* request: one line ``<header JSON> TAB <body> LF``. To evaluate, the header is ``{"seq", "base", "start",
+  "exprs"}`` (rule ``i`` of ``exprs`` is rule ``base + i`` of the webhook; evaluation begins at ``start``)
+  and the body is the input ``[params, envelope]`` as compact UTF-8 JSON, handed to libjq as text so
+  Python never parses the payload. ``{"seq", "warm": [exprs, ...]}`` compiles lists ahead of need, and
+  ``{"seq", "check": exprs}`` (save-time validation) compiles each expression alone; both have no body.
+* replies: lines starting with :data:`PREFIX`: ``[0, "ready"]`` once at start-up; per request one
+  ``[seq, "r", rule_index, cause, detail]`` per faulted rule (a check: per expression that does not
+  compile) and a final ``[seq, "end", matched_index_or_null]``. Rules without a line did not match. Only
+  indexes, causes and short fault details ever leave the child.
+* progress: a shared memory slot (:data:`PROGRESS`, the memfd's number in the child's argv) that the child
+  writes before each rule, so the parent can time the running rule without a pipe write and wake-up per
+  rule.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+PREFIX: Final = b"SBX1 "
+READY: Final = PREFIX + b'[0,"ready"]'
+# The progress slot: request seq, the running rule's index (COMPILING while the rule list compiles, PARSING
+# while libjq parses the event), when that rule started and when the rules' clock started (moved on by
+# every parse, so that now minus it is time spent in rules), each on the wall clock (CLOCK_MONOTONIC ns)
+# and on the child's CPU clock (CLOCK_PROCESS_CPUTIME_ID ns: the clock the parent reads as the child
+# process's CPU clock, so the two compare without translation).
+PROGRESS: Final = struct.Struct("<qqqqqq")
+COMPILING: Final = -1
+PARSING: Final = -2
+FAULT_CAUSES: Final = frozenset({"error", "compile_error"})
+DETAIL_MAX: Final = 200  # the longest fault detail the parent keeps, whatever a child sends
+
+_COMPACT: Final = (",", ":")
+
+
+def input_text(params: dict[str, Any] | None, envelope_json: str) -> str:
+    """The jq input for one event: params (None binds as {}) beside the already-encoded envelope."""
+    params_json = json.dumps(params if params is not None else {}, separators=_COMPACT)
+    return "[" + params_json + "," + envelope_json + "]"
+
+
+def encode_input(params: dict[str, Any] | None, envelope: dict[str, Any]) -> bytes:
+    """The child's input line body: compact UTF-8 JSON, about a third of the ASCII-escaped size to parse."""
+    # Python ints of any size encode exactly and libjq keeps integer literals, so >2^53 ids compare right.
+    text = input_text(params, json.dumps(envelope, separators=_COMPACT, ensure_ascii=False, allow_nan=False))
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (the receiver should never let one through): libjq refuses its \ud800 escape as
+        # well, and a parse failure would fault every rule, so it becomes U+FFFD; a paired one is rejoined.
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode()
+
+
+def _request(header: dict[str, object], body: bytes = b"") -> bytes:
+    return json.dumps(header, separators=_COMPACT).encode() + b"\t" + body + b"\n"
+
+
+def evaluate_request(seq: int, *, base: int, start: int, exprs: list[object], body: bytes) -> bytes:
+    """Evaluate ``exprs`` (rules ``base``.. of the webhook) from position ``start`` over ``body``."""
+    return _request({"seq": seq, "base": base, "start": start, "exprs": exprs}, body)
+
+
+def warm_request(seq: int, rule_lists: list[list[object]]) -> bytes:
+    """Compile these rule lists ahead of need (a freshly started spare)."""
+    return _request({"seq": seq, "warm": rule_lists})
+
+
+def check_request(seq: int, exprs: list[str]) -> bytes:
+    """Compile each expression alone, as a save-time check."""
+    return _request({"seq": seq, "check": exprs})
+
+
+def read_request(line: bytes) -> tuple[dict[str, Any], bytes]:
+    """A request line's header and body (the child's side of the three requests above)."""
+    head, _, body = line.partition(b"\t")
+    header: dict[str, Any] = json.loads(head)
+    return header, body.rstrip(b"\n")
+
+
+def reply(*fields: object) -> bytes:
+    """One reply line (the child's side of :func:`parse_reply`)."""
+    return PREFIX + json.dumps(fields, separators=_COMPACT).encode() + b"\n"
+
+
+class ProtocolViolation(Exception):
+    """A child line carried the protocol prefix but not a reply the parent asked for."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One parsed child reply: a faulted rule, or the end of the request with the matching rule if any."""
+
+    kind: Literal["fault", "end"]
+    rule_index: int | None = None
+    cause: str = ""
+    detail: str | None = None
+
+
+def parse_reply(line: bytes, *, seq: int, expected_index: int, rule_count: int) -> Reply | None:
+    """Parse one child line for request ``seq``; None means ignore it, ProtocolViolation means fail closed.
+
+    Lines without the prefix and replies to other requests are ignored. A prefixed reply naming a rule
+    outside ``[expected_index, rule_count)`` (e.g. a forged match) is a violation: the parent then
+    records no match and a sandbox_failure.
+    """
+    if not line.startswith(PREFIX):
+        return None
+    try:
+        fields = json.loads(line[len(PREFIX) :])
+    except ValueError as exc:
+        raise ProtocolViolation("unparseable reply") from exc
+    if not isinstance(fields, list) or len(fields) < 2 or type(fields[0]) is not int:
+        raise ProtocolViolation("malformed reply")
+    if fields[0] != seq:
+        return None
+    if fields[1] == "end" and len(fields) == 3:
+        index = fields[2]
+        if index is not None and (type(index) is not int or not expected_index <= index < rule_count):
+            raise ProtocolViolation(f"matched index {index!r} out of range")
+        return Reply(kind="end", rule_index=index)
+    if fields[1] != "r" or len(fields) != 5:
+        raise ProtocolViolation("malformed reply")
+    _, _, index, cause, detail = fields
+    if type(index) is not int or not expected_index <= index < rule_count:
+        raise ProtocolViolation(f"rule index {index!r} out of range")
+    if cause not in FAULT_CAUSES or not (detail is None or isinstance(detail, str)):
+        raise ProtocolViolation("malformed fault")
+    return Reply(kind="fault", rule_index=index, cause=cause, detail=detail and detail[:DETAIL_MAX])

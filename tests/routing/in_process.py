@@ -1,0 +1,74 @@
+"""The sandbox's semantics with libjq in this process: the oracle tests compare the children against.
+
+Never on a server: nothing here bounds libjq's memory or kills a runaway rule. bench/rules.py uses
+evaluate_in_process as its in-process baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from routing.models import Evaluation, Fault
+from routing.rules import compile_failure
+from routing.sandbox.faults import rule_fault, rule_fields, sandbox_failure
+from routing.sandbox.protocol import encode_input
+from routing.sandbox_child import RuleEngine
+
+_ENGINE = RuleEngine()
+
+
+def evaluate_in_process(
+    rules: list[dict[str, Any]],
+    params: dict[str, Any] | None,
+    envelope: dict[str, Any],
+    *,
+    rule_timeout: float = 0.05,
+    event_budget: float = 0.25,
+) -> Evaluation:
+    """SandboxPool.evaluate's result, evaluated here with no kill.
+
+    Rules are timed on this thread's CPU clock, as the sandbox times its children's.
+    """
+    if not rules:
+        return Evaluation()
+    try:
+        text = encode_input(params, envelope).decode()
+    except (TypeError, ValueError) as exc:
+        return sandbox_failure(f"event not JSON-encodable: {type(exc).__name__}")
+    exprs, rule_ids = rule_fields(rules)
+    faults: list[Fault] = []
+    plan = _ENGINE.prepare(exprs)  # compiling is not evaluation: the sandbox times rules after it too
+    budget_left = event_budget
+    started = time.thread_time()
+
+    def parsed(position: int) -> None:  # parsing is not evaluation either: the rule's clock starts after it
+        nonlocal started
+        started = time.thread_time()
+
+    for index, outcome, detail in _ENGINE.evaluate(plan, exprs, text, parsed=parsed):
+        finished = time.thread_time()
+        spent, started = finished - started, finished
+        budget_left -= spent
+        if spent > rule_timeout:
+            faults.append(rule_fault(index, rule_ids, "timeout", f"rule used over {rule_timeout * 1000:.0f} ms of CPU"))
+        elif outcome == "match":
+            return Evaluation(matched_index=index, faults=faults)
+        elif outcome != "nomatch":
+            faults.append(rule_fault(index, rule_ids, outcome, detail))
+        if budget_left <= 0 and index + 1 < len(exprs):
+            faults.extend(
+                rule_fault(i, rule_ids, "budget_exhausted", "event budget spent") for i in range(index + 1, len(exprs))
+            )
+            break
+    return Evaluation(matched_index=None, faults=faults)
+
+
+def check_in_process(exprs: Sequence[str]) -> list[str | None]:
+    """SandboxPool.check's verdicts, compiled here and unbounded."""
+    verdicts: list[str | None] = []
+    for expr in exprs:
+        error = RuleEngine().prepare([expr]).compile_errors.get(0)
+        verdicts.append(None if error is None else compile_failure(error))
+    return verdicts
