@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel
 
 from routing.models import Grant
@@ -17,12 +15,6 @@ class LoadGrantResult(BaseModel):
     """The grant, or None when the webhook no longer exists."""
 
     grant: Grant | None = None
-
-
-class EvaluateInput(BaseModel):
-    rules: list[dict[str, Any]]
-    params: dict[str, Any] | None = None
-    envelope: dict[str, Any]
 
 
 class UpkeepInput(BaseModel):

@@ -7,9 +7,10 @@ import asyncio
 from temporalio import activity
 
 from activities.errors import application_errors
-from activities.models import EvaluateInput, LoadGrantInput, LoadGrantResult
+from activities.models import LoadGrantInput, LoadGrantResult
 from routing.delivery import CommitInput, CommitResult, FaultCommitInput
-from routing.models import Evaluation, Fault
+from routing.models import EvaluateInput, Evaluation, Fault
+from routing.router import RuleEvaluator, evaluator
 from store.deliveries import DeliveryStore
 from store.errors import NotFound
 from store.webhooks import WebhookStore
@@ -22,7 +23,7 @@ class RouteActivities:
         self,
         webhooks: WebhookStore,
         deliveries: DeliveryStore,
-        sandbox: object | None = None,
+        sandbox: RuleEvaluator | None = None,
         *,
         commit_delay: float = 0.0,
     ) -> None:
@@ -43,22 +44,19 @@ class RouteActivities:
     @activity.defn(name="evaluate_rules")
     @application_errors
     async def evaluate_rules(self, data: EvaluateInput) -> Evaluation:
-        """Evaluate the rule list in the sandbox, heartbeating so a dead worker is noticed in seconds."""
+        """The router's evaluate step in the sandbox, heartbeating so a dead worker is noticed in seconds."""
         if not data.rules:
             return Evaluation()
-        evaluate = getattr(self.sandbox, "evaluate", None)
-        if evaluate is None:
+        if self.sandbox is None:
             return Evaluation(faults=[Fault(rule_index=-1, cause="sandbox_failure", detail="no sandbox")])
-        task = asyncio.ensure_future(evaluate(data.rules, data.params, data.envelope))
+        task = asyncio.ensure_future(evaluator(self.sandbox)(data))
         while True:
             done, _ = await asyncio.wait({task}, timeout=0.5)
             if done:
                 break
             if not activity.info().is_local:
                 activity.heartbeat()
-        result = task.result()
-        assert isinstance(result, Evaluation)
-        return result
+        return task.result()
 
     @activity.defn(name="commit_delivery")
     @application_errors

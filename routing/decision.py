@@ -1,6 +1,16 @@
 """The pure decision: apply the matched rule (or the default) to the grant and write the trace.
 
-Deterministic and free of I/O, clocks and randomness, so a Temporal workflow may call it directly.
+Deterministic and free of I/O, clocks and randomness, so a Temporal workflow may call it directly. ``decide``
+runs these steps in order, each a function of its own:
+
+1. **match** — which configured rule the evaluation chose (``match``);
+2. **hold** — under on_fault "hold", a fault before the match stops here, minting nothing (``held``);
+3. **action** — the matched rule's action re-applied to the live grant (``rule_choice``), else the default
+   (``default_choice``); LLM triage (SPEC-0020 Phase 2) belongs between the two, see ``choose``;
+4. **targets** — the action's queue on the targets it reaches: endpoint intersection, exclusive pick
+   (``apply_action``);
+5. **claims** — the once-key, the coalescing subject and the work order the routed todos carry (``settle``);
+6. **trace** — what decided and why (``trace_of``).
 """
 
 from __future__ import annotations
@@ -12,40 +22,60 @@ from typing import Any
 
 from routing.collectors import path_subject
 from routing.envelope import once_key, subject_key
-from routing.models import TRUST_BY_SOURCE, Decision, Delivery, Evaluation, Fault, Grant
+from routing.models import TRUST_BY_SOURCE, Cause, Decision, Evaluation, Fault, Grant, Mint, Stage
 from routing.workorder import build_work_order
 
 # Kept here rather than imported from routing.rules, which loads the jq extension: a Temporal workflow
 # imports this module inside its sandbox and must not need jq.
 QUEUE_FLAGS = ("exclusive", "once", "work_order", "coalesce")
 
-CAUSE_NO_MATCH = "no_match_default"
-CAUSE_RULE_NOT_GRANTED = "rule_not_granted"
-CAUSE_DEFAULT_NOT_GRANTED = "default_not_granted"
-CAUSE_HELD_ON_FAULT = "held_on_fault"  # stage "fault": on_fault "hold" stopped evaluation at a fault
+CAUSE_NO_MATCH: Cause = "no_match_default"
+CAUSE_RULE_NOT_GRANTED: Cause = "rule_not_granted"
+CAUSE_DEFAULT_NOT_GRANTED: Cause = "default_not_granted"
+CAUSE_HELD_ON_FAULT: Cause = "held_on_fault"  # stage "fault": on_fault "hold" stopped evaluation at a fault
 
 
 @dataclass
-class _Applied:
-    """An action re-applied to the live grant: dropped, or the deliveries it reaches."""
+class Applied:
+    """An action re-applied to the live grant: dropped, or the todos it mints."""
 
     drop: bool = False
-    deliveries: list[Delivery] = field(default_factory=list)
+    todos: list[Mint] = field(default_factory=list)
 
 
-def default_deliveries(grant: Grant) -> list[Delivery]:
+@dataclass(frozen=True)
+class Match:
+    """The configured rule the evaluation chose; ``index`` is None when none did."""
+
+    index: int | None = None
+    rule: Any = None
+    rule_id: str | None = None
+    rule_name: str | None = None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The action that decides, the stage it came from, why (for a default), and what it reaches."""
+
+    stage: Stage
+    cause: Cause | None
+    action: Mapping[str, Any]
+    applied: Applied
+
+
+def default_todos(grant: Grant) -> list[Mint]:
     """The webhook's target queue on every live target, in target order."""
-    return [Delivery(endpoint_id=t.endpoint_id, queue=grant.target_queue) for t in grant.targets]
+    return [Mint(endpoint_id=t.endpoint_id, queue=grant.target_queue) for t in grant.targets]
 
 
-def apply_action(action: Any, grant: Grant) -> _Applied | None:
+def apply_action(action: Any, grant: Grant) -> Applied | None:
     """Re-apply a stored action to this delivery's grant; None when it is malformed or not granted."""
     # Stored rows may have bypassed save-time validation, so every shape is re-checked here.
     if not isinstance(action, Mapping):
         return None
     if "drop" in action:
         if action.get("drop") is True and len(action) == 1:
-            return _Applied(drop=True)
+            return Applied(drop=True)
         return None
     queue = action.get("queue")
     if not isinstance(queue, str) or not queue or queue not in grant.queues():
@@ -65,7 +95,7 @@ def apply_action(action: Any, grant: Grant) -> _Applied | None:
         candidates = scoped[:1]
     if not candidates:
         return None
-    return _Applied(deliveries=[Delivery(endpoint_id=t.endpoint_id, queue=queue) for t in candidates])
+    return Applied(todos=[Mint(endpoint_id=t.endpoint_id, queue=queue) for t in candidates])
 
 
 def _rule_identity(rule: Any) -> tuple[str | None, str | None]:
@@ -78,6 +108,96 @@ def _rule_identity(rule: Any) -> tuple[str | None, str | None]:
         rule_id if isinstance(rule_id, str) else None,
         rule_name if isinstance(rule_name, str) else None,
     )
+
+
+def match(grant: Grant, evaluation: Evaluation) -> Match:
+    """The rule the evaluation matched, read against the configured list."""
+    index = evaluation.matched_index
+    # The sandbox child only reports an index; one outside the configured list is ignored.
+    if isinstance(index, bool) or index is None or not 0 <= index < len(grant.rules):
+        return Match()
+    rule = grant.rules[index]
+    rule_id, rule_name = _rule_identity(rule)
+    return Match(index=index, rule=rule, rule_id=rule_id, rule_name=rule_name)
+
+
+def holding_fault(evaluation: Evaluation, matched_index: int | None) -> Fault | None:
+    """Under on_fault "hold", the fault that stops evaluation: the first one before the match (or any, unmatched)."""
+    for fault in evaluation.faults:
+        # A sandbox-level fault (index -1) concerns the whole list; a fault after the match cannot decide.
+        if matched_index is None or fault.rule_index < matched_index:
+            return fault
+    return None
+
+
+def _faults(evaluation: Evaluation) -> list[dict[str, Any]]:
+    return [f.model_dump(exclude_none=True) for f in evaluation.faults]
+
+
+def held(evaluation: Evaluation, fault: Fault, rules: list[dict[str, Any]]) -> Decision:
+    """The faulted decision: nothing minted, the stopping rule and every fault on the trace."""
+    trace: dict[str, Any] = {"stage": "fault", "cause": CAUSE_HELD_ON_FAULT, "rule_index": fault.rule_index}
+    if 0 <= fault.rule_index < len(rules):
+        rule_id, rule_name = _rule_identity(rules[fault.rule_index])
+        if rule_id is not None:
+            trace["rule_id"] = rule_id
+        if rule_name is not None:
+            trace["rule_name"] = rule_name
+    trace["faults"] = _faults(evaluation)
+    return Decision(disposition="faulted", todos=[], trace=trace)
+
+
+def rule_choice(grant: Grant, matched: Match) -> Choice | None:
+    """The matched rule's action on this grant; None when no rule matched or its action is not reachable."""
+    if matched.index is None:
+        return None
+    action: Any = matched.rule.get("action") if isinstance(matched.rule, Mapping) else None
+    applied = apply_action(action, grant)  # None unless action is a mapping
+    if applied is None:
+        return None
+    return Choice(stage="rule", cause=None, action=action, applied=applied)
+
+
+def default_choice(grant: Grant, matched: Match) -> Choice:
+    """The configured default on this grant, else the target queue on every target; the cause says why."""
+    # A matched rule that is no longer reachable takes the default; it never falls through to a later rule.
+    cause: Cause = CAUSE_NO_MATCH if matched.index is None else CAUSE_RULE_NOT_GRANTED
+    if grant.default_action is not None:
+        applied = apply_action(grant.default_action, grant)
+        if applied is not None:
+            return Choice(stage="default", cause=cause, action=grant.default_action, applied=applied)
+        cause = CAUSE_DEFAULT_NOT_GRANTED
+    return Choice(
+        stage="default",
+        cause=cause,
+        action={"queue": grant.target_queue},
+        applied=Applied(todos=default_todos(grant)),
+    )
+
+
+def choose(grant: Grant, matched: Match) -> Choice:
+    """The deciding action: the matched rule's when it is reachable, else the default."""
+    # LLM triage (SPEC-0020 Phase 2, issue 13) plugs in here: only when rule_choice is None, its answer (an
+    # activity result, passed in like the evaluation) becomes a stage "llm" choice, and the default applies
+    # only when it declined. Nothing before this point may depend on a model.
+    return rule_choice(grant, matched) or default_choice(grant, matched)
+
+
+def trace_of(matched: Match, choice: Choice, evaluation: Evaluation) -> dict[str, Any]:
+    """The routing trace: stage, cause, the matched rule, the applied action and every fault on the way."""
+    trace: dict[str, Any] = {"stage": choice.stage}
+    if choice.cause is not None:
+        trace["cause"] = choice.cause
+    if matched.index is not None:
+        trace["rule_index"] = matched.index
+        if matched.rule_id is not None:
+            trace["rule_id"] = matched.rule_id
+        if matched.rule_name is not None:
+            trace["rule_name"] = matched.rule_name
+    trace["action"] = copy.deepcopy(dict(choice.action))
+    if evaluation.faults:
+        trace["faults"] = _faults(evaluation)
+    return trace
 
 
 def _work_order(
@@ -108,88 +228,15 @@ def _work_order(
     )
 
 
-def holding_fault(evaluation: Evaluation, matched_index: int | None) -> Fault | None:
-    """Under on_fault "hold", the fault that stops evaluation: the first one before the match (or any, unmatched)."""
-    for fault in evaluation.faults:
-        # A sandbox-level fault (index -1) concerns the whole list; a fault after the match cannot decide.
-        if matched_index is None or fault.rule_index < matched_index:
-            return fault
-    return None
-
-
-def _held(evaluation: Evaluation, fault: Fault, rules: list[dict[str, Any]]) -> Decision:
-    """The faulted decision: nothing minted, the stopping rule and every fault on the trace."""
-    trace: dict[str, Any] = {"stage": "fault", "cause": CAUSE_HELD_ON_FAULT, "rule_index": fault.rule_index}
-    if 0 <= fault.rule_index < len(rules):
-        rule_id, rule_name = _rule_identity(rules[fault.rule_index])
-        if rule_id is not None:
-            trace["rule_id"] = rule_id
-        if rule_name is not None:
-            trace["rule_name"] = rule_name
-    trace["faults"] = [f.model_dump(exclude_none=True) for f in evaluation.faults]
-    return Decision(disposition="faulted", deliveries=[], trace=trace)
-
-
-def decide(grant: Grant, evaluation: Evaluation, envelope: dict[str, Any] | None = None) -> Decision:
-    """Turn an evaluation into deliveries under the grant recomputed for this delivery."""
-    rules = grant.rules
-    index = evaluation.matched_index
-    # The sandbox child only reports an index; one outside the configured list is ignored.
-    if isinstance(index, bool) or index is None or not 0 <= index < len(rules):
-        index = None
-    if grant.on_fault == "hold":
-        fault = holding_fault(evaluation, index)
-        if fault is not None:
-            return _held(evaluation, fault, rules)
-
-    trace: dict[str, Any] = {}
-    action: Any = None
-    applied: _Applied | None = None
-    rule_id: str | None = None
-    rule_name: str | None = None
-    stage = "default"
-    cause: str | None = CAUSE_NO_MATCH
-
-    if index is not None:
-        rule = rules[index]
-        rule_id, rule_name = _rule_identity(rule)
-        action = rule.get("action") if isinstance(rule, Mapping) else None
-        applied = apply_action(action, grant)
-        if applied is not None:
-            stage, cause = "rule", None
-        else:
-            # A matched rule that is no longer reachable takes the default; it never falls through.
-            cause = CAUSE_RULE_NOT_GRANTED
-
-    if applied is None:
-        action = grant.default_action
-        if action is None:
-            action = {"queue": grant.target_queue}
-            applied = _Applied(deliveries=default_deliveries(grant))
-        else:
-            applied = apply_action(action, grant)
-            if applied is None:
-                cause = CAUSE_DEFAULT_NOT_GRANTED
-                action = {"queue": grant.target_queue}
-                applied = _Applied(deliveries=default_deliveries(grant))
-
-    trace["stage"] = stage
-    if cause is not None:
-        trace["cause"] = cause
-    if index is not None:
-        trace["rule_index"] = index
-        if rule_id is not None:
-            trace["rule_id"] = rule_id
-        if rule_name is not None:
-            trace["rule_name"] = rule_name
-    trace["action"] = copy.deepcopy(dict(action))
-    if evaluation.faults:
-        trace["faults"] = [f.model_dump(exclude_none=True) for f in evaluation.faults]
-
-    if applied.drop:
-        return Decision(disposition="dropped", deliveries=[], trace=trace)
-
-    queue = applied.deliveries[0].queue if applied.deliveries else grant.target_queue
+def settle(
+    grant: Grant, matched: Match, choice: Choice, trace: dict[str, Any], envelope: dict[str, Any] | None
+) -> Decision:
+    """The decision for a chosen action: dropped, or its todos with the claims its flags ask for."""
+    if choice.applied.drop:
+        return Decision(disposition="dropped", todos=[], trace=trace)
+    action = choice.action
+    todos = choice.applied.todos
+    queue = todos[0].queue if todos else grant.target_queue
     key: str | None = None
     if action.get("once") is True:
         # No recognizable subject means no claim: the delivery routes as an ordinary one.
@@ -204,21 +251,33 @@ def decide(grant: Grant, evaluation: Evaluation, envelope: dict[str, Any] | None
             trace["subject_key"] = coalesce_subject
     work_order: dict[str, Any] | None = None
     if action.get("work_order") is True:
+        by_rule = choice.stage == "rule"
         work_order = _work_order(
             grant,
             envelope,
             lane=queue,
-            stage=stage,
+            stage=choice.stage,
             # The work order names the rule that authorized it, so only a rule stage carries one.
-            rule_id=rule_id if stage == "rule" else None,
-            rule_name=rule_name if stage == "rule" else None,
+            rule_id=matched.rule_id if by_rule else None,
+            rule_name=matched.rule_name if by_rule else None,
         )
     return Decision(
         disposition="routed",
-        deliveries=applied.deliveries,
+        todos=todos,
         trace=trace,
         once_key=key,
         work_order=work_order,
         coalesce=coalesce_subject is not None,
         subject_key=coalesce_subject,
     )
+
+
+def decide(grant: Grant, evaluation: Evaluation, envelope: dict[str, Any] | None = None) -> Decision:
+    """Turn an evaluation into the todos to mint under the grant recomputed for this delivery."""
+    matched = match(grant, evaluation)
+    if grant.on_fault == "hold":
+        fault = holding_fault(evaluation, matched.index)
+        if fault is not None:
+            return held(evaluation, fault, grant.rules)
+    choice = choose(grant, matched)
+    return settle(grant, matched, choice, trace_of(matched, choice, evaluation), envelope)

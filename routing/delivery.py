@@ -3,12 +3,53 @@
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
 from routing.envelope import build_envelope
-from routing.models import Decision
+from routing.models import Decision, EventDisposition
+
+# committed: the delivery is an event (whatever its disposition); gone: the webhook no longer exists;
+# no_targets: it has no live target, so nothing was stored.
+CommitStatus = Literal["committed", "gone", "no_targets"]
+
+
+class Received(Protocol):
+    """What the receiver established about a delivery, as its routing envelope is built from it."""
+
+    @property
+    def source(self) -> str: ...
+    @property
+    def webhook_id(self) -> str: ...
+    @property
+    def trust_mode(self) -> str: ...
+    @property
+    def verified(self) -> bool: ...
+    @property
+    def content_type(self) -> str | None: ...
+    @property
+    def headers(self) -> dict[str, str]: ...
+    @property
+    def kind(self) -> str | None: ...
+    def body(self) -> bytes:
+        """The raw body, exactly as received."""
+        ...
+
+
+def envelope_of(received: Received) -> dict[str, Any]:
+    """The routing envelope of a delivery, in flight or stored: what rules, dry-run and backtest see."""
+    return build_envelope(
+        source=received.source,
+        webhook_id=received.webhook_id,
+        trust_mode=received.trust_mode,
+        verified=received.verified,
+        content_type=received.content_type,
+        headers=received.headers,
+        body=received.body(),
+        # The receiver's own kind (a collector's kind rule may have set it), never re-derived.
+        kind=received.kind,
+    )
 
 
 class DeliveryInput(BaseModel):
@@ -40,16 +81,7 @@ class DeliveryInput(BaseModel):
 
     def envelope(self) -> dict[str, Any]:
         """The routing envelope of this delivery, as rules, dry-run and backtest see it."""
-        return build_envelope(
-            source=self.source,
-            webhook_id=self.webhook_id,
-            trust_mode=self.trust_mode,
-            verified=self.verified,
-            content_type=self.content_type,
-            headers=self.headers,
-            body=self.body(),
-            kind=self.kind,
-        )
+        return envelope_of(self)
 
 
 class CommitInput(BaseModel):
@@ -84,7 +116,7 @@ class TodoRef(BaseModel):
 class CommitResult(BaseModel):
     """What the receiver tells the producer, and what the workflow returns."""
 
-    status: str = "committed"  # committed | no_targets
+    status: CommitStatus = "committed"
     event_id: str | None = None
     todos: list[TodoRef] = Field(default_factory=list)
     created: int = 0
@@ -94,7 +126,7 @@ class CommitResult(BaseModel):
     faulted: bool = False  # on_fault "hold" stopped at a fault, or the commit failed deterministically
     verified: bool = False
     trust_mode: str = ""
-    disposition: str = "routed"
+    disposition: EventDisposition = "routed"
     rule_id: str | None = None
 
     def joined(self) -> CommitResult:

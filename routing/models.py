@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from routing.sources import SOURCE_TYPES as SOURCE_TYPES
 from routing.sources import SOURCES
@@ -52,12 +52,23 @@ class Grant(BaseModel):
         return out
 
 
+# Why a rule could not be evaluated (sandbox and child causes; recorded on the trace's faults).
+FaultCause = Literal["error", "timeout", "compile_error", "budget_exhausted", "sandbox_busy", "sandbox_failure"]
+# What a decision does with a delivery. The stored event adds "repeat": a once-key another event claimed.
+Disposition = Literal["routed", "dropped", "faulted"]
+EventDisposition = Literal["routed", "dropped", "repeat", "faulted"]
+# The trace's stage: what decided. "fault" is a delivery held on a fault (or whose commit was refused).
+Stage = Literal["rule", "default", "fault"]
+# The trace's cause: why the default decided, or why the delivery was held.
+Cause = Literal["no_match_default", "rule_not_granted", "default_not_granted", "held_on_fault", "commit_failed"]
+
+
 class Fault(BaseModel):
     """A rule that did not match because it could not be evaluated."""
 
     rule_index: int
     rule_id: str | None = None
-    cause: Literal["error", "timeout", "compile_error", "budget_exhausted", "sandbox_busy", "sandbox_failure"]
+    cause: FaultCause
     detail: str | None = None
 
     @field_validator("rule_id", "detail")
@@ -74,7 +85,15 @@ class Evaluation(BaseModel):
     faults: list[Fault] = Field(default_factory=list)
 
 
-class Delivery(BaseModel):
+class EvaluateInput(BaseModel):
+    """The evaluate step's input (the evaluate_rules activity's): a rule list and its params on one envelope."""
+
+    rules: list[dict[str, Any]]
+    params: dict[str, Any] | None = None
+    envelope: dict[str, Any]
+
+
+class Mint(BaseModel):
     """One todo to mint: an endpoint and a queue."""
 
     endpoint_id: str
@@ -84,8 +103,16 @@ class Delivery(BaseModel):
 class Decision(BaseModel):
     """The router's verdict for one delivery, applied by the commit activity."""
 
-    disposition: Literal["routed", "dropped", "faulted"]
-    deliveries: list[Delivery] = Field(default_factory=list)
+    # A decision crosses Temporal inside the commit activity's input. ``todos`` was called ``deliveries``: that
+    # stays its JSON name, written and read, so a payload of either worker version decodes in the other.
+    model_config = ConfigDict(serialize_by_alias=True)
+
+    disposition: Disposition
+    todos: list[Mint] = Field(
+        default_factory=list,
+        validation_alias=AliasChoices("todos", "deliveries"),
+        serialization_alias="deliveries",
+    )
     trace: dict[str, Any]
     once_key: str | None = None
     work_order: dict[str, Any] | None = None

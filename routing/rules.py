@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pydantic import BaseModel
+
 from routing import jq_policy
 from routing.models import Grant
 
@@ -369,6 +371,15 @@ def validate_rules(
     out = [_validate_rule(i, rule, grant, seen, mint_id, taken, compiled) for i, rule in enumerate(rules)]
     validate_default_action(default_action, grant)
     return out
+
+
+class Candidate(BaseModel):
+    """A configuration to validate (and save, or try): rules (raw, ids may be missing), default, params, on_fault."""
+
+    rules: list[Any]
+    default_action: Any = None
+    params: Any = None
+    on_fault: Any = "continue"
 
 
 def validate_config(

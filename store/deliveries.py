@@ -180,9 +180,7 @@ class DeliveryStore:
         disposition = decision.disposition
         body = d.body()
         # Todo ids are minted up front so the event row names them from its first write.
-        planned = (
-            [(new_id("td"), t.endpoint_id, t.queue) for t in decision.deliveries] if disposition == "routed" else []
-        )
+        planned = [(new_id("td"), t.endpoint_id, t.queue) for t in decision.todos] if disposition == "routed" else []
         async with self.pool.connection() as conn, conn.transaction():
             row = _event_row(
                 d, event_id, trace, disposition, data.workflow_id, [p[0] for p in planned], body, run_id=data.run_id

@@ -1,15 +1,19 @@
-"""Event history, confined to the webhooks of the caller's human, and its retention."""
+"""Event history, confined to the webhooks of the caller's human; the reads a replay makes; its retention."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import builtins
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
 
+from routing.models import EventDisposition
+from routing.replay import StoredEvent, StoredTodo
 from store.db import Pool
 from store.errors import InvalidArgument, NotFound, translates_errors
 from store.models import Caller
@@ -80,6 +84,20 @@ JOIN agents a ON a.id = e.agent_id AND a.owner_human_id = %(human)s
 WHERE w.id = %(webhook)s
 """
 
+# Replay reads (routing.replay.History): by webhook, after the caller's ownership of it was checked.
+_REPLAY_COLUMNS = (
+    "id, webhook_id, source, kind, trust_mode, verified, content_type, headers, payload, payload_size,"
+    " received_at, routing_trace, disposition, todo_ids"
+)
+_REPLAY_EVENTS = f"""
+SELECT {_REPLAY_COLUMNS} FROM events WHERE webhook_id = %s AND id = ANY(%s)
+"""  # noqa: S608 - constant column list
+_RECENT_EVENT_IDS = """
+SELECT id FROM events WHERE webhook_id = %s ORDER BY received_at DESC, id DESC LIMIT %s
+"""
+_LANDED_TODOS = "SELECT id, endpoint_id, queue FROM todos WHERE id = ANY(%s)"
+_ONCE_CLAIMS = "SELECT once_key, event_id FROM routing_once WHERE webhook_id = %s AND once_key = ANY(%s)"
+
 _PRUNE_EVENTS = """
 DELETE FROM events WHERE id IN (
     SELECT id FROM events WHERE received_at < now() - make_interval(days => %(days)s) LIMIT %(batch)s)
@@ -107,7 +125,7 @@ class EventSummary(BaseModel):
     payload_size: int
     received_at: datetime
     webhook_id: str
-    disposition: str
+    disposition: EventDisposition
     routing: dict[str, Any]
     todo_ids: list[str]
     reroute_of: str | None = None
@@ -174,7 +192,7 @@ class EventStore:
         *,
         webhook_id: str | None,
         kind: str | None,
-        disposition: str | None,
+        disposition: EventDisposition | None,
         since: datetime | None,
         limit: int,
         cursor: str | None,
@@ -222,6 +240,54 @@ class EventStore:
             raise NotFound(EVENT_NOT_FOUND)
         payload, encoding = decode_payload(bytes(row.pop("payload")))
         return EventDetail(payload=payload, payload_encoding=encoding, **row)
+
+    @translates_errors
+    async def stored_event(self, webhook_id: str, event_id: str) -> StoredEvent:
+        """One event recorded on this webhook, to replay; an event of any other webhook is not_found."""
+        found = await self.stored_events(webhook_id, [event_id])
+        if not found:
+            raise NotFound(EVENT_NOT_FOUND)
+        return found[0]
+
+    # builtins.list: this class's own list() shadows the name in its body.
+    @translates_errors
+    async def stored_events(self, webhook_id: str, event_ids: Sequence[str]) -> builtins.list[StoredEvent]:
+        """The named events of this webhook (payloads included), in the order asked; others are skipped."""
+        if not event_ids:
+            return []
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_REPLAY_EVENTS, (webhook_id, list(event_ids)))
+            rows = await cur.fetchall()
+        by_id = {r["id"]: StoredEvent.model_validate({**r, "payload": bytes(r["payload"])}) for r in rows}
+        return [by_id[i] for i in event_ids if i in by_id]
+
+    @translates_errors
+    async def recent_event_ids(self, webhook_id: str, limit: int) -> builtins.list[str]:
+        """Ids of the webhook's most recent events, newest first."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_RECENT_EVENT_IDS, (webhook_id, limit))
+            rows = await cur.fetchall()
+        return [str(r["id"]) for r in rows]
+
+    @translates_errors
+    async def landed_todos(self, todo_ids: Sequence[str]) -> dict[str, StoredTodo]:
+        """Endpoint and queue of the named todos that still exist (retention may have pruned some)."""
+        if not todo_ids:
+            return {}
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_LANDED_TODOS, (list(todo_ids),))
+            rows = await cur.fetchall()
+        return {r["id"]: StoredTodo.model_validate(r) for r in rows}
+
+    @translates_errors
+    async def once_claims(self, webhook_id: str, keys: Sequence[str]) -> dict[str, str]:
+        """once_key → claiming event id, for the keys of this webhook already claimed."""
+        if not keys:
+            return {}
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_ONCE_CLAIMS, (webhook_id, list(keys)))
+            rows = await cur.fetchall()
+        return {r["once_key"]: r["event_id"] for r in rows}
 
     @translates_errors
     async def prune(self, retention_days: int) -> dict[str, int]:

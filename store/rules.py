@@ -1,9 +1,8 @@
-"""A webhook's routing configuration: owner-gated reads, locked read-modify-validate-write, replayable events."""
+"""A webhook's routing configuration: owner-gated reads and a locked read-modify-validate-write."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from datetime import datetime
+from collections.abc import Callable
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -11,6 +10,7 @@ from pydantic import BaseModel
 
 from routing.models import ON_FAULT_VALUES, Grant, OnFault
 from routing.rules import (
+    Candidate,
     CompileChecker,
     CompileCheckUnavailable,
     Compiled,
@@ -34,7 +34,6 @@ from store.models import Caller
 from store.webhooks import WebhookStore
 
 UNKNOWN_WEBHOOK = "unknown webhook"
-UNKNOWN_EVENT = "unknown event"
 
 _LOCK_WEBHOOK = "SELECT id FROM endpoint_webhooks WHERE id = %s AND state = 'live' FOR UPDATE"
 
@@ -43,15 +42,6 @@ UPDATE endpoint_webhooks
 SET routing_rules = %(rules)s, routing_default_action = %(default_action)s, routing_params = %(params)s,
     routing_on_fault = %(on_fault)s, updated_at = now()
 WHERE id = %(webhook)s
-"""
-
-_EVENT_COLUMNS = (
-    "id, webhook_id, source, kind, trust_mode, verified, content_type, headers, payload, payload_size,"
-    " received_at, routing_trace, disposition, todo_ids"
-)
-
-_RECENT_EVENT_IDS = """
-SELECT id FROM events WHERE webhook_id = %s ORDER BY received_at DESC, id DESC LIMIT %s
 """
 
 
@@ -64,42 +54,6 @@ class RuleConfig(BaseModel):
     params: dict[str, Any] | None
     on_fault: OnFault = "continue"
     grant: Grant
-
-
-class Candidate(BaseModel):
-    """A configuration to validate and save: rules (raw, ids may be missing), default, params and on_fault."""
-
-    rules: list[Any]
-    default_action: Any = None
-    params: Any = None
-    on_fault: Any = "continue"
-
-
-class StoredEvent(BaseModel):
-    """An event as the receiver stored it: enough to rebuild its routing envelope and read its outcome."""
-
-    id: str
-    webhook_id: str
-    source: str
-    kind: str | None
-    trust_mode: str
-    verified: bool
-    content_type: str | None
-    headers: dict[str, str]
-    payload: bytes
-    payload_size: int
-    received_at: datetime
-    routing_trace: dict[str, Any]
-    disposition: str
-    todo_ids: list[str]
-
-
-class StoredTodo(BaseModel):
-    """Where a stored delivery landed: one todo's endpoint and queue."""
-
-    id: str
-    endpoint_id: str
-    queue: str
 
 
 Edit = Callable[[RuleConfig], Candidate]
@@ -127,6 +81,25 @@ def validate_on_fault(value: Any) -> OnFault:
     if value == "hold":
         return "hold"
     raise InvalidArgument(f"on_fault must be one of {', '.join(ON_FAULT_VALUES)}")
+
+
+async def validated_grant(
+    candidate: Candidate, grant: Grant, checker: CompileChecker, known: Compiled | None = None
+) -> Grant:
+    """The grant with a candidate configuration, validated exactly as a save; a rejection changes nothing."""
+    compiled = await compiled_in_sandbox(candidate.rules, checker, known)
+    try:
+        rules, default_action, params = validate_config(
+            candidate.rules, candidate.default_action, candidate.params, grant, compiled=compiled
+        )
+    except RuleValidationError as exc:
+        raise rejection(exc) from exc
+    on_fault = validate_on_fault(candidate.on_fault)
+    # Unset params stay unset (NULL); they bind as an empty object either way.
+    stored_params = params if candidate.params is not None else None
+    return grant.model_copy(
+        update={"rules": rules, "default_action": default_action, "params": stored_params, "on_fault": on_fault}
+    )
 
 
 def _owned(grant: Grant | None, caller: Caller) -> Grant:
@@ -183,29 +156,17 @@ class RuleStore:
             # The grant is read after the lock, so the list is validated against the state it will run under.
             current = _config(_owned(await self.webhooks.grant_on(conn, webhook_id), caller))
             candidate = edit(current)
-            compiled = await compiled_in_sandbox(candidate.rules, checker, compiled)
-            try:
-                rules, default_action, params = validate_config(
-                    candidate.rules, candidate.default_action, candidate.params, current.grant, compiled=compiled
-                )
-            except RuleValidationError as exc:
-                raise rejection(exc) from exc
-            on_fault = validate_on_fault(candidate.on_fault)
-            # Unset params stay unset (NULL); they bind as an empty object either way.
-            stored_params = params if candidate.params is not None else None
+            grant = await validated_grant(candidate, current.grant, checker, compiled)
             await conn.execute(
                 _WRITE_RULES,
                 {
-                    "rules": Jsonb(rules),
-                    "default_action": Jsonb(default_action) if default_action is not None else None,
-                    "params": Jsonb(stored_params) if stored_params is not None else None,
-                    "on_fault": on_fault,
+                    "rules": Jsonb(grant.rules),
+                    "default_action": Jsonb(grant.default_action) if grant.default_action is not None else None,
+                    "params": Jsonb(grant.params) if grant.params is not None else None,
+                    "on_fault": grant.on_fault,
                     "webhook": webhook_id,
                 },
             )
-        grant = current.grant.model_copy(
-            update={"rules": rules, "default_action": default_action, "params": stored_params, "on_fault": on_fault}
-        )
         return _config(grant)
 
     @translates_errors
@@ -215,57 +176,3 @@ class RuleStore:
             cur = await conn.execute("SELECT config FROM endpoint_webhooks WHERE id = %s", (webhook_id,))
             row = await cur.fetchone()
         return dict(row["config"] or {}) if row is not None else {}
-
-    @translates_errors
-    async def event(self, webhook_id: str, event_id: str) -> StoredEvent:
-        """One event recorded on this webhook; an event of any other webhook is not_found."""
-        found = await self.events(webhook_id, [event_id])
-        if not found:
-            raise NotFound(UNKNOWN_EVENT)
-        return found[0]
-
-    @translates_errors
-    async def recent_event_ids(self, webhook_id: str, limit: int) -> list[str]:
-        """Ids of the webhook's most recent events, newest first."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(_RECENT_EVENT_IDS, (webhook_id, limit))
-            rows = await cur.fetchall()
-        return [str(r["id"]) for r in rows]
-
-    @translates_errors
-    async def events(self, webhook_id: str, event_ids: Sequence[str]) -> list[StoredEvent]:
-        """The named events of this webhook (payloads included), in the order asked; others are skipped."""
-        if not event_ids:
-            return []
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                f"SELECT {_EVENT_COLUMNS} FROM events"  # noqa: S608 - constant column list
-                " WHERE webhook_id = %s AND id = ANY(%s)",
-                (webhook_id, list(event_ids)),
-            )
-            rows = await cur.fetchall()
-        by_id = {r["id"]: StoredEvent.model_validate({**r, "payload": bytes(r["payload"])}) for r in rows}
-        return [by_id[i] for i in event_ids if i in by_id]
-
-    @translates_errors
-    async def todos(self, todo_ids: Sequence[str]) -> dict[str, StoredTodo]:
-        """Endpoint and queue of the named todos that still exist (retention may have pruned some)."""
-        if not todo_ids:
-            return {}
-        async with self.pool.connection() as conn:
-            cur = await conn.execute("SELECT id, endpoint_id, queue FROM todos WHERE id = ANY(%s)", (list(todo_ids),))
-            rows = await cur.fetchall()
-        return {r["id"]: StoredTodo.model_validate(r) for r in rows}
-
-    @translates_errors
-    async def once_claims(self, webhook_id: str, keys: Sequence[str]) -> dict[str, str]:
-        """once_key → claiming event id, for the keys of this webhook already claimed."""
-        if not keys:
-            return {}
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT once_key, event_id FROM routing_once WHERE webhook_id = %s AND once_key = ANY(%s)",
-                (webhook_id, list(keys)),
-            )
-            rows = await cur.fetchall()
-        return {r["once_key"]: r["event_id"] for r in rows}

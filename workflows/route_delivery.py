@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 
 from temporalio import workflow
@@ -11,11 +12,11 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities.errors import STORE_REJECTED
-    from activities.models import EvaluateInput, LoadGrantInput
+    from activities.models import LoadGrantInput
     from activities.route import RouteActivities
-    from routing.decision import decide
     from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultCommitInput
-    from routing.models import Evaluation, Fault
+    from routing.models import EvaluateInput, Evaluation, Fault
+    from routing.router import needs_envelope, route
     from workflows import search
 
 # Store activities are retried on transient errors (database restarts, pool timeouts) until PostgreSQL answers:
@@ -70,31 +71,10 @@ class RouteDelivery:
             workflow.upsert_search_attributes([search.DECISION.value_set("no_targets")])
             return CommitResult(status="no_targets", verified=delivery.verified, trust_mode=delivery.trust_mode)
 
-        evaluation = Evaluation()
-        # Only rules and a configured default (once / coalesce / work order read the subject) need the envelope;
-        # a webhook with neither routes to its target queue without parsing the body here.
-        envelope = delivery.envelope() if grant.rules or grant.default_action else None
-        if grant.rules:
-            assert envelope is not None
-            rules = EvaluateInput(rules=grant.rules, params=grant.params, envelope=envelope)
-            if delivery.evaluate_locally:
-                evaluation = await workflow.execute_local_activity_method(
-                    RouteActivities.evaluate_rules,
-                    rules,
-                    start_to_close_timeout=timedelta(seconds=10),
-                    retry_policy=EVALUATE_RETRY,
-                )
-            elif workflow.patched(EVALUATE_QUEUE_PATCH):
-                evaluation = await self._evaluate_on_queue(delivery, rules)
-            else:
-                evaluation = await workflow.execute_activity_method(
-                    RouteActivities.evaluate_rules,
-                    rules,
-                    start_to_close_timeout=timedelta(seconds=10),
-                    heartbeat_timeout=timedelta(seconds=3),
-                    retry_policy=EVALUATE_RETRY,
-                )
-        decision = decide(grant, evaluation, envelope)
+        # The one routing composition (routing.router); its evaluate step is an activity, decide runs here.
+        envelope = delivery.envelope() if needs_envelope(grant) else None
+        routed = await route(grant, envelope, functools.partial(self._evaluate, delivery))
+        decision = routed.decision
 
         try:
             result = await workflow.execute_local_activity_method(
@@ -114,6 +94,25 @@ class RouteDelivery:
             updates.append(search.RULE_ID.value_set(result.rule_id))
         workflow.upsert_search_attributes(updates)
         return result
+
+    async def _evaluate(self, delivery: DeliveryInput, rules: EvaluateInput) -> Evaluation:
+        """The evaluate step: a local activity when the receiver chose so, else a regular one (on its queue)."""
+        if delivery.evaluate_locally:
+            return await workflow.execute_local_activity_method(
+                RouteActivities.evaluate_rules,
+                rules,
+                start_to_close_timeout=timedelta(seconds=10),
+                retry_policy=EVALUATE_RETRY,
+            )
+        if workflow.patched(EVALUATE_QUEUE_PATCH):
+            return await self._evaluate_on_queue(delivery, rules)
+        return await workflow.execute_activity_method(
+            RouteActivities.evaluate_rules,
+            rules,
+            start_to_close_timeout=timedelta(seconds=10),
+            heartbeat_timeout=timedelta(seconds=3),
+            retry_policy=EVALUATE_RETRY,
+        )
 
     async def _evaluate_on_queue(self, delivery: DeliveryInput, rules: EvaluateInput) -> Evaluation:
         """Evaluate on the evaluate task queue, fair across endpoints; a worker that never starts it is busy."""

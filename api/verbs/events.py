@@ -8,15 +8,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from api.verbs.registry import Context, VerbInput, verb
+from routing.models import EventDisposition
 from store.events import EventDetail, EventStore, EventSummary
-
-Disposition = Literal["routed", "dropped", "repeat", "faulted"]
 
 
 class ListEventsInput(VerbInput):
     webhook_id: str | None = Field(default=None, max_length=1000)
     kind: str | None = Field(default=None, max_length=256)
-    disposition: Disposition | None = None
+    disposition: EventDisposition | None = None
     since: datetime | None = Field(default=None, description="only events received at or after this instant")
     limit: int = Field(default=50, ge=1, le=200)
     cursor: str | None = Field(default=None, max_length=1000, description="next_cursor of the previous page")
@@ -41,7 +40,7 @@ class EventOut(BaseModel):
     payload_size: int
     received_at: datetime
     webhook_id: str
-    disposition: str
+    disposition: EventDisposition
     routing: dict[str, Any] = Field(description="the routing trace: rule, action, faults, once-key")
     todo_ids: list[str]
     reroute_of: str | None = Field(default=None, description="the original event, when this event is a re-route")

@@ -19,9 +19,10 @@ from temporalio.testing import ActivityEnvironment
 
 import activities
 from activities.errors import STORE_REJECTED, STORE_UNAVAILABLE, TRANSLATED, VALIDATION_ERROR, application_errors
-from activities.models import EvaluateInput, LoadGrantInput
+from activities.models import LoadGrantInput
 from activities.route import RouteActivities
 from activities.schedules import PrepareFireInput, RecordFireInput, ScheduleActivities
+from routing.models import EvaluateInput
 from store.db import Pool, open_pool
 from store.deliveries import DeliveryStore
 from store.errors import (

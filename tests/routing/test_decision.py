@@ -11,9 +11,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing.decision import decide, default_deliveries
+from routing.decision import decide, default_todos
 from routing.envelope import build_envelope
-from routing.models import Decision, Delivery, Evaluation, Fault, Grant, Target
+from routing.models import Decision, Evaluation, Fault, Grant, Mint, Target
 from routing.workorder import WORK_ORDER_AUTHORITY
 
 AUTHORITY = (
@@ -107,7 +107,7 @@ def r(rid: str, action: dict[str, Any], name: str | None = None) -> dict[str, An
 
 def ids(decision: Decision) -> list[tuple[str, str]]:
     """(endpoint, queue) pairs."""
-    return [(d.endpoint_id, d.queue) for d in decision.deliveries]
+    return [(d.endpoint_id, d.queue) for d in decision.todos]
 
 
 ALL_ROUTER = [("ep_a", "router"), ("ep_b", "router"), ("ep_c", "router")]
@@ -119,7 +119,7 @@ def test_no_rules_takes_default() -> None:
     assert ids(d) == ALL_ROUTER
     assert d.trace == {"stage": "default", "cause": "no_match_default", "action": {"queue": "router"}}
     assert d.once_key is None and d.work_order is None
-    assert default_deliveries(grant()) == [Delivery(endpoint_id=e, queue=q) for e, q in ALL_ROUTER]
+    assert default_todos(grant()) == [Mint(endpoint_id=e, queue=q) for e, q in ALL_ROUTER]
 
 
 def test_rule_without_endpoints_reaches_every_target() -> None:
@@ -146,7 +146,7 @@ def test_revoked_route_beats_saved_rule() -> None:
     )
     d = decide(g, Evaluation(matched_index=0))
     assert ids(d) == [("ep_a", "router"), ("ep_c", "router")]
-    assert all(x.endpoint_id != "ep_b" for x in d.deliveries)
+    assert all(x.endpoint_id != "ep_b" for x in d.todos)
     assert d.trace["cause"] == "rule_not_granted"
     assert d.trace["rule_id"] == "to-b"
     assert d.trace["stage"] == "default"
@@ -206,14 +206,14 @@ def test_unreachable_default_falls_back() -> None:
 def test_configured_default_drop() -> None:
     d = decide(grant(default_action={"drop": True}), Evaluation())
     assert d.disposition == "dropped"
-    assert d.deliveries == []
+    assert d.todos == []
     assert d.trace == {"stage": "default", "cause": "no_match_default", "action": {"drop": True}}
 
 
 def test_drop_rule() -> None:
     d = decide(grant([r("noise", {"drop": True}, "noise")]), Evaluation(matched_index=0))
     assert d.disposition == "dropped"
-    assert d.deliveries == []
+    assert d.todos == []
     assert d.once_key is None and d.work_order is None
     assert d.trace == {
         "stage": "rule",
@@ -489,15 +489,15 @@ def test_decide_is_deterministic(g: Grant, ev: Evaluation, which: str) -> None:
     first = decide(g, ev, envelope)
     again = decide(g.model_copy(deep=True), ev.model_copy(deep=True), json.loads(json.dumps(envelope)))
     assert first.model_dump() == again.model_dump()
-    # Invariants: deliveries only ever reach live targets, on granted queues (or the target queue).
+    # Invariants: todos only ever reach live targets, on granted queues (or the target queue).
     live = {t.endpoint_id for t in g.targets}
-    assert all(x.endpoint_id in live for x in first.deliveries)
-    assert all(x.queue in g.queues() for x in first.deliveries)
+    assert all(x.endpoint_id in live for x in first.todos)
+    assert all(x.queue in g.queues() for x in first.todos)
     assert first.trace["stage"] in ("rule", "default")
     if first.trace["stage"] == "default":
         assert first.trace["cause"] in ("no_match_default", "rule_not_granted", "default_not_granted")
     if first.disposition == "dropped":
-        assert first.deliveries == []
+        assert first.todos == []
     if first.once_key is not None:
         assert first.trace["once_key"] == first.once_key
 
@@ -525,7 +525,7 @@ def test_hold_stops_at_a_fault_before_the_match_whatever_the_cause() -> None:
         # A later rule matched: the fault still holds, because evaluation stops at the fault.
         d = decide(grant(GATED, on_fault="hold"), Evaluation(matched_index=1, faults=faults), cairn_env())
         assert d.disposition == "faulted", cause
-        assert d.deliveries == [] and d.once_key is None and d.work_order is None
+        assert d.todos == [] and d.once_key is None and d.work_order is None
         assert d.trace["stage"] == "fault" and d.trace["cause"] == "held_on_fault"
         assert d.trace["rule_index"] == index
         assert d.trace["faults"] == [f.model_dump(exclude_none=True) for f in faults]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from collections.abc import Callable
@@ -11,9 +12,10 @@ from typing import Any
 import jq
 import pytest
 
-from routing.decision import decide
 from routing.envelope import build_envelope, once_key
-from routing.models import Decision, Evaluation, Fault, Grant, Target
+from routing.models import Decision, EvaluateInput, Evaluation, Fault, Grant, Target
+from routing.router import Evaluate, evaluator
+from routing.router import route as route_with
 from routing.rules import RuleValidationError
 from routing.rules import validate_rules as validate_rules_with
 from routing.workorder import WORK_ORDER_AUTHORITY
@@ -102,11 +104,24 @@ def fleet_grant(params: Any = PARAMS, source: str = "gitea", **overrides: Any) -
     return Grant(**base)
 
 
+def step_of(evaluate: Evaluator) -> Evaluate:
+    """An in-process evaluator as the router's evaluate step."""
+
+    async def step(request: EvaluateInput) -> Evaluation:
+        return evaluate(request.rules, request.params, request.envelope)
+
+    return step
+
+
 def route(evaluate: Evaluator, grant: Grant, envelope: dict[str, Any]) -> Decision:
-    """Evaluate then decide, as the workflow does."""
-    evaluation = evaluate(grant.rules, grant.params, envelope)
-    assert evaluation.faults == [], evaluation.faults  # a faulting rule would be a silent no-match
-    return decide(grant, evaluation, envelope)
+    """Route through the router the workflow uses, with an in-process evaluator as its evaluate step."""
+    loop = asyncio.new_event_loop()
+    try:
+        routed = loop.run_until_complete(route_with(grant, envelope, step_of(evaluate)))
+    finally:
+        loop.close()
+    assert routed.evaluation.faults == [], routed.evaluation.faults  # a faulting rule would be a silent no-match
+    return routed.decision
 
 
 def make_env(source: str, body: Any, headers: dict[str, str], *, verified: bool = True) -> dict[str, Any]:
@@ -417,10 +432,10 @@ def test_fleet_fixture(
     assert decision.trace["rule_id"] == rule_id, decision.trace
     if queue == "drop":
         assert decision.disposition == "dropped"
-        assert decision.deliveries == []
+        assert decision.todos == []
         return
     # Exactly one exclusive endpoint: the lane's own, never the router or another lane.
-    assert [(d.endpoint_id, d.queue) for d in decision.deliveries] == [(LANE_ENDPOINT[queue], queue)]
+    assert [(d.endpoint_id, d.queue) for d in decision.todos] == [(LANE_ENDPOINT[queue], queue)]
     assert decision.once_key is not None
     if queue == "hold":
         assert decision.work_order is None
@@ -444,7 +459,7 @@ def test_allowlisted_actor_routes_identically_for_any_on_behalf_of(evaluate: Eva
     for on_behalf_of in ("claude-code/2.1.0", "joestump-agent", "stranger", ""):
         envelope = cairn(("handoff", "lane:m"), on_behalf_of=on_behalf_of)
         decision = route(evaluate, fleet_grant(source="cairn"), envelope)
-        routes.add((decision.trace["rule_id"], tuple((d.endpoint_id, d.queue) for d in decision.deliveries)))
+        routes.add((decision.trace["rule_id"], tuple((d.endpoint_id, d.queue) for d in decision.todos)))
     assert routes == {("cairn-lane-m", ((LANE_ENDPOINT["lane-m"], "lane-m"),))}
 
 
@@ -519,7 +534,7 @@ def test_eligible_cases_route_with_good_params(evaluate: Evaluator) -> None:
     for _, build in ELIGIBLE:
         envelope = build()
         decision = route(evaluate, fleet_grant(source=envelope["source"]), envelope)
-        assert decision.disposition == "routed" and len(decision.deliveries) == 1
+        assert decision.disposition == "routed" and len(decision.todos) == 1
 
 
 def test_checked_in_placeholder_params_admit_nobody(evaluate: Evaluator) -> None:
@@ -651,7 +666,7 @@ def _check_pool(decision: Decision, dropped_by: str | None) -> None:
     if dropped_by is None:
         assert decision.disposition == "routed"
         assert decision.trace == {"stage": "default", "cause": "no_match_default", "action": {"queue": "pool"}}
-        assert [(d.endpoint_id, d.queue) for d in decision.deliveries] == [("ep_pool", "pool")]
+        assert [(d.endpoint_id, d.queue) for d in decision.todos] == [("ep_pool", "pool")]
     else:
         assert decision.disposition == "dropped"
         assert decision.trace["rule_id"] == dropped_by
@@ -669,7 +684,7 @@ def test_review_request_reaches_only_the_requested_pool(evaluate: Evaluator) -> 
     event = pull_request("review_requested", author="joestump", reviewer="joestump-agent")
     agent = route(evaluate, pool_grant("joestump-agent"), copy.deepcopy(event))
     joe = route(evaluate, pool_grant("joestump"), copy.deepcopy(event))
-    assert agent.disposition == "routed" and len(agent.deliveries) == 1
+    assert agent.disposition == "routed" and len(agent.todos) == 1
     assert joe.disposition == "dropped" and joe.trace["rule_id"] == "review-request-not-for-me"
 
 
@@ -684,9 +699,9 @@ async def test_pool_review_through_the_sandbox_child() -> None:
         for _case, build, identity, dropped_by in POOL_CASES:
             grant = pool_grant(identity, with_params=identity is not None)
             envelope = build()
-            evaluation = await pool.evaluate(grant.rules, grant.params, envelope)
-            assert evaluation.faults == [], (_case, evaluation.faults)
-            _check_pool(decide(grant, evaluation, envelope), dropped_by)
+            routed = await route_with(grant, envelope, evaluator(pool))
+            assert routed.evaluation.faults == [], (_case, routed.evaluation.faults)
+            _check_pool(routed.decision, dropped_by)
     finally:
         await pool.close()
 
@@ -700,11 +715,16 @@ async def test_fleet_fixtures_through_the_sandbox_child_match_in_process() -> No
         for case, build, _queue, rule_id in FLEET_CASES:
             envelope = build()
             grant = fleet_grant(source=envelope["source"])
-            child = await pool.evaluate(grant.rules, grant.params, envelope)
-            local = evaluate_in_process(grant.rules, grant.params, envelope, rule_timeout=5.0, event_budget=60.0)
-            assert child.faults == [] and child.matched_index == local.matched_index, case
-            decision = decide(grant, child, envelope)
+            child = await route_with(grant, envelope, evaluator(pool))
+            local = await route_with(
+                grant,
+                envelope,
+                step_of(lambda r, p, e: evaluate_in_process(r, p, e, rule_timeout=5.0, event_budget=60.0)),
+            )
+            assert child.evaluation.faults == [], case
+            assert child.evaluation.matched_index == local.evaluation.matched_index, case
+            decision = child.decision
             assert decision.trace["rule_id"] == rule_id, (case, decision.trace)
-            assert decision == decide(grant, local, envelope), case
+            assert decision == local.decision, case
     finally:
         await pool.close()
