@@ -12,6 +12,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities.reroute import RerouteActivities
 from activities.route import RouteActivities
 from activities.schedules import ScheduleActivities
 from activities.upkeep import UpkeepActivities
@@ -27,13 +28,14 @@ from store.webhooks import WebhookStore
 from switchboard.relay import running_relay
 from switchboard.settings import Settings
 from switchboard.temporal import connect, ensure_schedules
+from workflows.reroute import RerouteEvents
 from workflows.route_delivery import RouteDelivery, evaluate_task_queue
 from workflows.schedules import FireSchedule
 from workflows.upkeep import PruneRetention, ReapTodos
 
 log = logging.getLogger("switchboard.worker")
 
-WORKFLOWS: list[type] = [RouteDelivery, ReapTodos, PruneRetention, FireSchedule]
+WORKFLOWS: list[type] = [RouteDelivery, ReapTodos, PruneRetention, FireSchedule, RerouteEvents]
 
 
 def make_sandbox(settings: Settings) -> SandboxPool:
@@ -76,6 +78,7 @@ def build_worker(
     route = RouteActivities(WebhookStore(pool, box), DeliveryStore(pool), sandbox, commit_delay=commit_delay)
     upkeep = UpkeepActivities(TodoStore(pool), EventStore(pool))
     schedules = ScheduleActivities(ScheduleStore(pool))
+    reroute = RerouteActivities(EventStore(pool))
     main = Worker(
         client,
         task_queue=queue,
@@ -91,6 +94,7 @@ def build_worker(
             upkeep.prune_retention,
             schedules.prepare_fire,
             schedules.record_fire,
+            reroute.load_reroute,
         ],
         max_concurrent_activities=50,
         max_concurrent_local_activities=50,

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from routing.models import EventDisposition
 from routing.replay import StoredEvent, StoredTodo
+from routing.reroute import StoredDelivery
 from store.db import Pool
 from store.errors import InvalidArgument, NotFound, translates_errors
 from store.models import Caller
@@ -97,6 +98,43 @@ SELECT id FROM events WHERE webhook_id = %s ORDER BY received_at DESC, id DESC L
 """
 _LANDED_TODOS = "SELECT id, endpoint_id, queue FROM todos WHERE id = ANY(%s)"
 _ONCE_CLAIMS = "SELECT once_key, event_id FROM routing_once WHERE webhook_id = %s AND once_key = ANY(%s)"
+
+# Re-route reads (routing.reroute). A delivery's events are its original and the re-routes naming it; its current
+# event is the latest of them by created_at (a re-route commits after whatever it follows).
+_ORIGINAL_COLUMNS = (
+    "o.id, o.webhook_id, o.endpoint_id, o.source, o.kind, o.external_id, o.trust_mode, o.verified,"
+    " o.verify_detail, o.content_type, o.headers, o.payload, o.source_ip, o.received_at"
+)
+_OWNED_ORIGINAL = f"""
+SELECT {_ORIGINAL_COLUMNS}
+FROM events ev {_OWNED}
+JOIN events o ON o.id = coalesce(ev.reroute_of, ev.id)
+WHERE ev.id = %(event)s
+"""  # noqa: S608 - constant fragments only
+_ORIGINAL = f"""
+SELECT {_ORIGINAL_COLUMNS} FROM events o WHERE o.id = %s AND o.webhook_id = %s AND o.reroute_of IS NULL
+"""  # noqa: S608 - constant column list
+_CURRENT_EVENTS = """
+WITH delivery AS (
+    SELECT coalesce(ev.reroute_of, ev.id) AS original, ev.id, ev.created_at, ev.received_at, ev.disposition,
+           ev.routing_trace
+    FROM events ev
+    WHERE ev.webhook_id = %(webhook)s
+      AND (%(original)s::text IS NULL OR ev.id = %(original)s OR ev.reroute_of = %(original)s)
+      AND (%(kind)s::text IS NULL OR ev.kind = %(kind)s)
+      AND (%(since)s::timestamptz IS NULL OR ev.received_at >= %(since)s)
+      AND (%(until)s::timestamptz IS NULL OR ev.received_at < %(until)s)
+), current AS (
+    SELECT DISTINCT ON (original) original, id, received_at, disposition, routing_trace
+    FROM delivery
+    ORDER BY original, created_at DESC, id DESC
+)
+SELECT original, id FROM current
+WHERE (%(disposition)s::text IS NULL OR disposition = %(disposition)s)
+  AND (%(rule)s::text IS NULL OR routing_trace->>'rule_id' = %(rule)s)
+ORDER BY received_at DESC, original DESC
+LIMIT %(limit)s
+"""
 
 _PRUNE_EVENTS = """
 DELETE FROM events WHERE id IN (
@@ -288,6 +326,66 @@ class EventStore:
             cur = await conn.execute(_ONCE_CLAIMS, (webhook_id, list(keys)))
             rows = await cur.fetchall()
         return {r["once_key"]: r["event_id"] for r in rows}
+
+    @translates_errors
+    async def owns_webhook(self, caller: Caller, webhook_id: str) -> bool:
+        """Whether the caller's human owns the webhook, deleted or not (its history stays theirs)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_WEBHOOK_OWNED, {"webhook": webhook_id, "human": caller.human_id})
+            return await cur.fetchone() is not None
+
+    @translates_errors
+    async def original_delivery(self, caller: Caller, event_id: str) -> StoredDelivery:
+        """The original delivery of an event of the human's webhooks (itself, or what a re-route names)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_OWNED_ORIGINAL, {"event": event_id, "human": caller.human_id})
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFound(EVENT_NOT_FOUND)
+        return StoredDelivery.model_validate({**row, "payload": bytes(row["payload"])})
+
+    @translates_errors
+    async def stored_delivery(self, webhook_id: str, event_id: str) -> StoredDelivery | None:
+        """An original event of this webhook as stored, to re-route; None once retention pruned it."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_ORIGINAL, (event_id, webhook_id))
+            row = await cur.fetchone()
+        return None if row is None else StoredDelivery.model_validate({**row, "payload": bytes(row["payload"])})
+
+    @translates_errors
+    async def current_events(
+        self,
+        webhook_id: str,
+        *,
+        original: str | None = None,
+        disposition: EventDisposition | None = None,
+        rule_id: str | None = None,
+        kind: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 1,
+    ) -> builtins.list[tuple[str, str]]:
+        """(original, current event) of the webhook's deliveries, newest first; filters read the current event.
+
+        disposition and rule_id are those of the current outcome (a dropped delivery re-routed since is routed
+        now); kind, since and until (exclusive) are the delivery's own. Call after checking ownership.
+        """
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                _CURRENT_EVENTS,
+                {
+                    "webhook": webhook_id,
+                    "original": original,
+                    "disposition": disposition,
+                    "rule": rule_id,
+                    "kind": kind,
+                    "since": since,
+                    "until": until,
+                    "limit": limit,
+                },
+            )
+            rows = await cur.fetchall()
+        return [(str(r["original"]), str(r["id"])) for r in rows]
 
     @translates_errors
     async def prune(self, retention_days: int) -> dict[str, int]:

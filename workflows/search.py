@@ -9,5 +9,7 @@ SOURCE = SearchAttributeKey.for_keyword("SwitchboardSource")
 KIND = SearchAttributeKey.for_keyword("SwitchboardKind")
 DECISION = SearchAttributeKey.for_keyword("SwitchboardDecision")
 RULE_ID = SearchAttributeKey.for_keyword("SwitchboardRuleId")
+# A re-route's RouteDelivery: the original event it routes again (reroute_webhook_event/s).
+REROUTE_OF = SearchAttributeKey.for_keyword("SwitchboardRerouteOf")
 
-ALL = (WEBHOOK_ID, SOURCE, KIND, DECISION, RULE_ID)
+ALL = (WEBHOOK_ID, SOURCE, KIND, DECISION, RULE_ID, REROUTE_OF)

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from api.verbs import collectors, events, identity, routes, rules, schedules, todos, webhooks  # noqa: F401  (registration)
+from api.verbs import (  # noqa: F401  (registration)
+    collectors,
+    events,
+    identity,
+    reroutes,
+    routes,
+    rules,
+    schedules,
+    todos,
+    webhooks,
+)
 from api.verbs.registry import REGISTRY, Verb
 
 __all__ = ["REGISTRY", "Verb"]
