@@ -159,6 +159,8 @@ class RerouteEventsInput(BaseModel):
     evaluate_locally: bool = False
     evaluate_queue_seconds: float = 120.0
     starts_per_second: float = 5.0
+    # Deliveries one run re-routes before it continues as new (workflows/reroute.py says why).
+    per_run: int = 25
     # Carried across continue-as-new: what the earlier runs of this re-route did.
     done: list[RerouteResult] = Field(default_factory=list)
 
@@ -172,5 +174,5 @@ class RerouteProgress(BaseModel):
     total: int = Field(default=0, description="events to re-route (the changed ones)")
     done: int = 0
     created: int = Field(default=0, description="todos the re-routes minted")
-    failed: int = 0
+    failed: int = Field(default=0, description="re-routes whose RouteDelivery run failed (status failed)")
     results: list[RerouteResult] = Field(default_factory=list)

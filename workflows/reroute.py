@@ -23,9 +23,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows import search
     from workflows.route_delivery import STORE_RETRY, RouteDelivery
 
-# Deliveries one run re-routes before it continues as new: each child's input (the delivery, body included) is
-# recorded in this history, which must stay well under Temporal's size limits whatever the bodies weigh.
-RUN_MAX = 25
+# Deliveries one run re-routes before it continues as new (RerouteEventsInput.per_run, 25 by default): each
+# child's input (the delivery, body included) is recorded in this history, which must stay well under Temporal's
+# size limits whatever the bodies weigh; the server's own suggestion to continue as new is followed too.
 PROGRESS_QUERY = "progress"
 
 
@@ -61,7 +61,7 @@ def tally(data: RerouteEventsInput, results: list[RerouteResult]) -> RerouteProg
         total=len(dict.fromkeys(data.event_ids)),
         done=len(results),
         created=sum(r.created for r in results),
-        failed=sum(1 for r in results if r.status not in ("committed", "gone", "no_targets")),
+        failed=sum(1 for r in results if r.status == "failed"),
         results=results,
     )
 
@@ -88,7 +88,7 @@ class RerouteEvents:
         self._show(data, results)
         interval = timedelta(seconds=1 / data.starts_per_second) if data.starts_per_second > 0 else None
         for n, event_id in enumerate(todo):
-            if n >= RUN_MAX or workflow.info().is_continue_as_new_suggested():
+            if n >= max(data.per_run, 1) or workflow.info().is_continue_as_new_suggested():
                 workflow.continue_as_new(data.model_copy(update={"done": results}))
             if interval is not None and (n or results):
                 await workflow.sleep(interval)
