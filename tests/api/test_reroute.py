@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
+import pytest
+
+from switchboard.cli import build_parser
+from switchboard.settings import Settings
 from tests.conftest import Agent, Stack
 from tests.helpers import eventually, issue_payload, post_github
 
@@ -291,3 +297,37 @@ async def test_bad_reroute_input_is_invalid_argument(stack: Stack) -> None:
     ):
         resp = await agent.call(verb, body)
         assert resp.status_code == 422 and resp.json()["error"]["code"] == "invalid_argument", (verb, body)
+
+
+async def test_the_cli_wraps_the_reroute_and_todo_verbs(live_stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
+    stack = live_stack
+    agent = await stack.agent()
+    webhook, dropped, _ = await _mixed(stack, agent)
+    settings = Settings(home=stack.settings.home)
+
+    async def run(*argv: str) -> tuple[int, Any]:
+        args = build_parser().parse_args([*argv, "--credential", agent.credential, "--url", stack.base_url])
+        capsys.readouterr()
+        code = await asyncio.to_thread(args.fn, settings, args)
+        printed = capsys.readouterr().out
+        return code, json.loads(printed[printed.index("{") :]) if "{" in printed else None
+
+    code, dry = await run("events", "reroute", dropped[0], "--dry-run")
+    assert code == 0 and dry["dry_run"] is True and dry["plan"]["changed"] is True
+    code, bulk = await run("events", "reroute", "--webhook", webhook["webhook_id"], "--disposition", "dropped")
+    # The bulk answer may come back running; the command then polls get_reroute until it ends.
+    assert code == 0 and bulk["status"] == "completed"
+    created = bulk["progress"]["created"]
+    assert created == 3
+    code, polled = await run("events", "get-reroute", bulk["workflow_id"])
+    assert code == 0 and polled["progress"]["created"] == 3
+    assert (await run("events", "reroute"))[0] == 2  # neither an event nor a webhook
+
+    todo_id = bulk["progress"]["results"][0]["todos"][0]["id"]
+    code, canceled = await run("todos", "cancel", todo_id, "--reason", "not needed")
+    assert code == 0 and canceled["todo"]["state"] == "canceled" and canceled["todo"]["cancel_reason"] == "not needed"
+    code, refused = await run("todos", "retry", todo_id)
+    assert code == 1 and refused["error"]["code"] == "conflict"
+    stack.sql("UPDATE todos SET state = 'failed', attempt = 5, next_retry_at = NULL WHERE id = %s", todo_id)
+    code, retried = await run("todos", "retry", todo_id)
+    assert code == 0 and retried["todo"]["state"] == "pending" and retried["todo"]["attempt"] == 0
