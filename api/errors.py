@@ -71,7 +71,7 @@ def public_error(exc: DomainError, where: str = "") -> tuple[str, str]:
         log.warning("database unavailable on %s: %s", where, exc.message)
         return "unavailable", UNAVAILABLE_MESSAGE
     if exc.code in _HIDDEN or exc.code not in STATUS:
-        log.error("%s failed: %s: %s", where, type(exc).__name__, exc.message, exc_info=exc)
+        log.error("unexpected error on %s: %s: %s", where, type(exc).__name__, exc.message, exc_info=exc)
         return "internal", "internal error"
     return exc.code, exc.message
 

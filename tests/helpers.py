@@ -7,14 +7,16 @@ import inspect
 import json
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, overload
 
 import httpx
 
 from routing.rules import check_expression, compile_candidates
 from tests.routing.in_process import check_in_process
 from tests.signing import sign_gitea, sign_github
+
+T = TypeVar("T")
 
 
 def issue_payload(
@@ -72,8 +74,16 @@ async def post_gitea(
     return await http.post(f"/webhooks/w/{token_of(webhook['ingest_url'])}", content=body, headers=headers)
 
 
+@overload
+async def eventually(probe: Callable[[], Awaitable[T | None]], timeout: float = ..., interval: float = ...) -> T: ...
+@overload
+async def eventually(probe: Callable[[], T | None], timeout: float = ..., interval: float = ...) -> T: ...
 async def eventually(probe: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1) -> Any:
-    """Poll ``probe`` (sync or async) until it returns something truthy; fail after ``timeout`` seconds."""
+    """Poll ``probe`` (sync or async) until it returns something truthy, and return that; fail after ``timeout``.
+
+    The suite's one way to wait for a condition: the machine may be loaded, so bounds are generous and a test
+    never sleeps a fixed time where it can poll.
+    """
     deadline = time.monotonic() + timeout
     while True:
         got = probe()

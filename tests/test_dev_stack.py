@@ -64,6 +64,7 @@ def stop(proc: subprocess.Popen[bytes]) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # two cold starts (up to 90 s each) and two graceful stops (up to 60 s each)
 def test_dev_stack_from_scratch_then_restart_keeps_data(tmp_path: Path) -> None:
     home = tmp_path / "home"
     port = free_port()

@@ -15,7 +15,8 @@ import pytest
 
 from bench._faults import SCENARIOS, SMALL, FaultStack, Outcome, fault_stack
 
-pytestmark = pytest.mark.slow
+# Each scenario runs real processes through a fault and its recovery; the first also starts the module's stack.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,14 +18,11 @@ from api.doorbell import BUFFER, DoorbellHub
 from api.mcp import McpSurface
 from tests.api.test_mcp import SECURITY_HEADERS, ChannelParams, mcp_session
 from tests.conftest import Agent, Stack
-from tests.helpers import issue_payload, post_github
+from tests.helpers import eventually, issue_payload, post_github
 
-
-async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
+# Rings race the doorbell's own catch-ups: a check right after the condition holds (as before the suite had one
+# `eventually`) reads the state the condition implies, before a background catch-up can change it again.
+POLL = 0.01
 
 
 @dataclass
@@ -114,7 +111,7 @@ async def test_sse_rings_within_a_second_with_the_documented_event(live_stack: S
         assert listener.headers["x-request-id"]
         started = time.monotonic()
         done_at, todo_id = await ingest(live_stack, hook)
-        await eventually(lambda: len(listener.events) == 1, timeout=done_at - started + 1.0)
+        await eventually(lambda: len(listener.events) == 1, timeout=done_at - started + 1.0, interval=POLL)
         heard_at, event, data = listener.events[0]
         assert heard_at - done_at < 1.0
         todo = (await agent.ok("get_todo", {"todo_id": todo_id}))["todo"]
@@ -132,9 +129,9 @@ async def test_sse_rings_within_a_second_with_the_documented_event(live_stack: S
         other = await github_hook(agent, queue="elsewhere")
         unheard = hub_of(live_stack).unheard
         await ingest(live_stack, other, number=8)
-        await eventually(lambda: hub_of(live_stack).unheard == unheard + 1)
+        await eventually(lambda: hub_of(live_stack).unheard == unheard + 1, interval=POLL)
         assert len(listener.events) == 1
-    await eventually(lambda: hub_of(live_stack).listeners(agent.endpoint_id) == 0)
+    await eventually(lambda: hub_of(live_stack).listeners(agent.endpoint_id) == 0, interval=POLL)
 
 
 async def test_sse_needs_a_credential_but_not_a_verb_and_sends_heartbeats(live_stack: Stack, monkeypatch: Any) -> None:
@@ -147,7 +144,7 @@ async def test_sse_needs_a_credential_but_not_a_verb_and_sends_heartbeats(live_s
     # The stream is not a verb: an endpoint whose allowlist holds only whoami may still listen.
     agent = await live_stack.agent(verbs=["whoami"])
     async with sse(live_stack.base_url, agent.credential) as listener:
-        await eventually(lambda: "heartbeat" in listener.comments)
+        await eventually(lambda: "heartbeat" in listener.comments, interval=POLL)
 
 
 async def test_mcp_session_rings_as_claude_channel_within_a_second(live_stack: Stack) -> None:
@@ -157,10 +154,10 @@ async def test_mcp_session_rings_as_claude_channel_within_a_second(live_stack: S
     times: list[float] = []
 
     async with mcp_session(live_stack.base_url, agent.credential, heard) as session:
-        await eventually(lambda: hub_of(live_stack).listeners(agent.endpoint_id, "mcp") == 1)
+        await eventually(lambda: hub_of(live_stack).listeners(agent.endpoint_id, "mcp") == 1, interval=POLL)
         started = time.monotonic()
         done_at, todo_id = await ingest(live_stack, hook)
-        await eventually(lambda: len(heard) == 1, timeout=done_at - started + 1.0)
+        await eventually(lambda: len(heard) == 1, timeout=done_at - started + 1.0, interval=POLL)
         times.append(time.monotonic())
         todo = (await agent.ok("get_todo", {"todo_id": todo_id}))["todo"]
         [ring] = heard
@@ -171,8 +168,10 @@ async def test_mcp_session_rings_as_claude_channel_within_a_second(live_stack: S
         claimed = await session.call_tool("claim", {"todo_id": todo_id})
         assert not claimed.is_error
         assert len(mcp_of(live_stack).sessions) == 1
-    await eventually(lambda: hub_of(live_stack).listeners(agent.endpoint_id) == 0)
-    await eventually(lambda: not mcp_of(live_stack).sessions)  # the session's channel is forgotten with it
+    await eventually(lambda: hub_of(live_stack).listeners(agent.endpoint_id) == 0, interval=POLL)
+    await eventually(
+        lambda: not mcp_of(live_stack).sessions, interval=POLL
+    )  # the session's channel is forgotten with it
 
 
 async def test_rings_are_unicast_round_robin_across_an_endpoints_sessions(live_stack: Stack) -> None:
@@ -184,9 +183,9 @@ async def test_rings_are_unicast_round_robin_across_an_endpoints_sessions(live_s
         mcp_session(live_stack.base_url, agent.credential, first),
         mcp_session(live_stack.base_url, agent.credential, second),
     ):
-        await eventually(lambda: hub_of(live_stack).listeners(agent.endpoint_id, "mcp") == 2)
+        await eventually(lambda: hub_of(live_stack).listeners(agent.endpoint_id, "mcp") == 2, interval=POLL)
         ids = [(await ingest(live_stack, hook, number=n))[1] for n in range(1, 7)]
-        await eventually(lambda: len(first) + len(second) == 6)
+        await eventually(lambda: len(first) + len(second) == 6, interval=POLL)
         await asyncio.sleep(0.2)  # no late duplicates
         heard_first = [r.meta["todo_id"] for r in first]
         heard_second = [r.meta["todo_id"] for r in second]
@@ -202,7 +201,7 @@ async def test_a_full_buffer_drops_rings_and_never_blocks_ingest(live_stack: Sta
     with hub.subscription(agent.endpoint_id, ["work"], "sse") as stuck:
         async with httpx.AsyncClient(base_url=live_stack.base_url, timeout=30) as http:
             async with http.stream("GET", "/v1/stream", headers={"Authorization": f"Bearer {agent.credential}"}):
-                await eventually(lambda: hub.listeners(agent.endpoint_id) == 2)
+                await eventually(lambda: hub.listeners(agent.endpoint_id) == 2, interval=POLL)
                 n = 2 * BUFFER + 8
                 slowest = 0.0
                 for batch in range(0, n, 8):
@@ -210,7 +209,7 @@ async def test_a_full_buffer_drops_rings_and_never_blocks_ingest(live_stack: Sta
                     await asyncio.gather(*(ingest(live_stack, hook, number=batch + i) for i in range(8)))
                     slowest = max(slowest, time.monotonic() - t0)
                 # Rings are claimed in the database after the commit: they may trail ingest's answers a little.
-                await eventually(lambda: stuck.dropped == n // 2 - BUFFER)
+                await eventually(lambda: stuck.dropped == n // 2 - BUFFER, interval=POLL)
                 assert stuck.buffer.full()
                 assert stuck.dropped == n // 2 - BUFFER and hub.dropped >= stuck.dropped
                 assert slowest < 10
@@ -230,7 +229,7 @@ async def test_rings_for_one_endpoint_never_reach_another(live_stack: Stack) -> 
         sse(live_stack.base_url, other.credential) as theirs,
     ):
         await ingest(live_stack, hook, number=uuid.uuid4().int % 1000)
-        await eventually(lambda: len(mine.events) == 1)
+        await eventually(lambda: len(mine.events) == 1, interval=POLL)
         await asyncio.sleep(0.2)
         assert theirs.events == []
 
@@ -247,7 +246,7 @@ async def test_listener_reconnects_after_losing_its_connection(live_stack: Stack
         for n in range(40):
             await ingest(live_stack, hook, number=n)
             with contextlib.suppress(AssertionError):
-                await eventually(lambda: len(listener.events) > 0, timeout=0.5)
+                await eventually(lambda: len(listener.events) > 0, timeout=0.5, interval=POLL)
                 break
         assert listener.events
     [(new_pid,)] = live_stack.sql(listen)
@@ -265,7 +264,7 @@ async def test_shutdown_stops_every_background_task(
             stack.base_url = base
             agent = await stack.agent()
             async with mcp_session(base, agent.credential), sse(base, agent.credential):
-                await eventually(lambda: hub_of(stack).listeners(agent.endpoint_id) == 2)
+                await eventually(lambda: hub_of(stack).listeners(agent.endpoint_id) == 2, interval=POLL)
                 running = {t.get_name() for t in asyncio.all_tasks()}
                 assert names <= running
     await asyncio.sleep(0)

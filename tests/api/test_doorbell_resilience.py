@@ -17,11 +17,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from temporalio.testing import WorkflowEnvironment
 
 from api.doorbell import BUFFER, DoorbellListener
-from store.db import open_pool
 from store.doorbell import DoorbellStore
-from tests.api.test_doorbell import eventually, github_hook, hub_of, ingest, mcp_of, sse
+from tests.api.test_doorbell import POLL, github_hook, hub_of, ingest, mcp_of, sse
 from tests.conftest import Stack, running_stack, serving
-from tests.helpers import issue_payload, post_github
+from tests.helpers import eventually, issue_payload, post_github
 
 
 def ring_ids(events: list[tuple[float, str, dict[str, Any]]]) -> list[str]:
@@ -123,13 +122,13 @@ async def test_listener_terminated_by_the_server_reconnects_and_rings_what_commi
         live_stack.sql("SELECT pg_terminate_backend(%s)", old_pid)
         # Committed right away, while the listener is (or is about to be) reconnecting: it still rings, once.
         _, todo_id = await ingest(live_stack, hook, number=1)
-        await eventually(lambda: ring_ids(listener.events) == [todo_id], timeout=20)
-        await eventually(lambda: len(live_stack.sql(listen)) == 1, timeout=20)
+        await eventually(lambda: ring_ids(listener.events) == [todo_id], timeout=20, interval=POLL)
+        await eventually(lambda: len(live_stack.sql(listen)) == 1, timeout=20, interval=POLL)
         [(new_pid,)] = live_stack.sql(listen)
         assert new_pid != old_pid
         # And it keeps ringing afterwards.
         _, later = await ingest(live_stack, hook, number=2)
-        await eventually(lambda: ring_ids(listener.events) == [todo_id, later], timeout=10)
+        await eventually(lambda: ring_ids(listener.events) == [todo_id, later], timeout=10, interval=POLL)
         await asyncio.sleep(0.5)
         assert ring_ids(listener.events) == [todo_id, later]  # nothing rang twice
 
@@ -146,14 +145,14 @@ async def test_half_open_listen_connection_is_noticed_and_missed_todos_ring_once
         sse(live_stack.base_url, agent.credential) as listener,
     ):
         _, first = await ingest(live_stack, hook, number=1)
-        await eventually(lambda: ring_ids(listener.events) == [first], timeout=10)
+        await eventually(lambda: ring_ids(listener.events) == [first], timeout=10, interval=POLL)
         assert doorbell.connects == 1
 
         caplog.set_level("INFO", logger="switchboard.doorbell")
         proxy.blackhole()  # the socket stays open; nothing passes any more
         lost_at = time.monotonic()
         _, missed = await ingest(live_stack, hook, number=2)  # committed while the listener is deaf
-        await eventually(lambda: not doorbell.listening.is_set(), timeout=15)
+        await eventually(lambda: not doorbell.listening.is_set(), timeout=15, interval=POLL)
         noticed = time.monotonic() - lost_at
         # Within the liveness period (a round trip is due every `check` seconds and may take 1.5 of them),
         # with generous room for a loaded machine.
@@ -163,12 +162,12 @@ async def test_half_open_listen_connection_is_noticed_and_missed_todos_ring_once
         assert any("doorbell connection lost" in r.getMessage() for r in caplog.records)
 
         proxy.restore()
-        await eventually(lambda: doorbell.listening.is_set(), timeout=30)
-        await eventually(lambda: ring_ids(listener.events) == [first, missed], timeout=10)
+        await eventually(lambda: doorbell.listening.is_set(), timeout=30, interval=POLL)
+        await eventually(lambda: ring_ids(listener.events) == [first, missed], timeout=10, interval=POLL)
         assert doorbell.connects == 2 and doorbell.caught_up == 1
         assert any("listening again" in r.getMessage() for r in caplog.records)
         _, after = await ingest(live_stack, hook, number=3)
-        await eventually(lambda: ring_ids(listener.events) == [first, missed, after], timeout=10)
+        await eventually(lambda: ring_ids(listener.events) == [first, missed, after], timeout=10, interval=POLL)
         await asyncio.sleep(3 * check)  # several liveness round trips: no re-rings, no reconnects
         assert ring_ids(listener.events) == [first, missed, after]
         assert doorbell.connects == 2 and doorbell.listening.is_set()
@@ -198,7 +197,7 @@ async def test_two_api_processes_ring_each_todo_exactly_once_in_total(
         for batch in range(0, n, 4):
             ids += [t for _, t in await asyncio.gather(*(ingest(live_stack, hook, number=batch + i) for i in range(4)))]
         streams = (here, there, there_too)
-        await eventually(lambda: sum(len(ring_ids(s.events)) for s in streams) == n, timeout=15)
+        await eventually(lambda: sum(len(ring_ids(s.events)) for s in streams) == n, timeout=15, interval=POLL)
         await asyncio.sleep(1.0)  # no late duplicates from the other process
         heard = [t for s in streams for t in ring_ids(s.events)]
         assert sorted(heard) == sorted(ids)  # every todo rang exactly one session, across both processes
@@ -218,7 +217,7 @@ async def test_an_8000_byte_event_header_commits_and_rings(live_stack: Stack) ->
         body = resp.json()
         assert body.get("created") == 1, body
         [todo] = body["todos"]
-        await eventually(lambda: ring_ids(listener.events) == [todo["id"]], timeout=10)
+        await eventually(lambda: ring_ids(listener.events) == [todo["id"]], timeout=10, interval=POLL)
         stored = (await agent.ok("get_todo", {"todo_id": todo["id"]}))["todo"]
         [(_, _, data)] = listener.events
         assert data["kind"] == stored["kind"] and data["title"] == stored["title"]  # read from the todos table
@@ -275,8 +274,8 @@ async def test_revoke_closes_sse_streams_in_every_process_within_5s(
         for task in done:
             task.result()  # ended cleanly by the server
         assert time.monotonic() - revoked_at < 5
-        await eventually(lambda: hub_of(live_stack).listeners(agent.endpoint_id) == 0)
-        await eventually(lambda: hub_of(second).listeners(agent.endpoint_id) == 0)
+        await eventually(lambda: hub_of(live_stack).listeners(agent.endpoint_id) == 0, interval=POLL)
+        await eventually(lambda: hub_of(second).listeners(agent.endpoint_id) == 0, interval=POLL)
 
 
 async def test_a_revoke_missed_by_the_listener_still_closes_streams_within_5s(live_stack: Stack) -> None:
@@ -319,32 +318,12 @@ async def test_revoke_closes_the_mcp_session_and_its_stream_within_5s(live_stack
                     pass
 
         stream = asyncio.create_task(read_stream())
-        await eventually(lambda: hub_of(live_stack).listeners(agent.endpoint_id, "mcp") == 1, timeout=10)
+        await eventually(lambda: hub_of(live_stack).listeners(agent.endpoint_id, "mcp") == 1, timeout=10, interval=POLL)
         await live_stack.admin("revoke_endpoint", {"endpoint_id": agent.endpoint_id})
         done, _ = await asyncio.wait({stream}, timeout=5)
         assert done == {stream}, "the MCP stream outlived the revoke by 5 s"
         assert session_id not in mcp_of(live_stack).sessions
         assert hub_of(live_stack).listeners(agent.endpoint_id) == 0
-
-
-async def test_pool_replaces_connections_killed_under_it(database_url: str) -> None:
-    pool = await open_pool(database_url, max_size=2, min_size=2)
-    try:
-        await pool.wait()
-        async with pool.connection() as conn:
-            await conn.execute("SELECT 1")
-        # Every pooled backend dies (as in a database restart): the next checkout still works.
-        with psycopg.connect(database_url, autocommit=True) as admin:
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-        for _ in range(3):
-            async with pool.connection() as conn:
-                cur = await conn.execute("SELECT 1 AS one")
-                assert (await cur.fetchone()) == {"one": 1}
-    finally:
-        await pool.close()
 
 
 async def test_a_dropped_ring_is_given_back_and_a_catch_up_rings_it(live_stack: Stack) -> None:
@@ -353,7 +332,7 @@ async def test_a_dropped_ring_is_given_back_and_a_catch_up_rings_it(live_stack: 
     hub = hub_of(live_stack)
     with hub.subscription(agent.endpoint_id, ["work"], "sse") as stuck:  # a stream that never drains
         ids = [(await ingest(live_stack, hook, number=n))[1] for n in range(BUFFER + 2)]
-        await eventually(lambda: stuck.dropped == 2, timeout=10)
+        await eventually(lambda: stuck.dropped == 2, timeout=10, interval=POLL)
         rung = {r[0] for r in live_stack.sql("SELECT id FROM todos WHERE id = ANY(%s) AND rung_at IS NOT NULL", ids)}
         # Rings are claimed concurrently, so which two were dropped is not fixed; they were given back.
         assert len(rung) == BUFFER and rung <= set(ids)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +14,13 @@ from temporalio.testing import WorkflowEnvironment
 from routing.sandbox import SandboxPool
 from store.db import open_pool
 from tests.conftest import Agent, Stack, running_stack
-from tests.helpers import issue_payload, post_github
+from tests.helpers import eventually, issue_payload, post_github
 from worker import build_worker
 
 # About 30 ms of libjq work on an idle core, under the 50 ms rule timeout; 32 of them spend a whole event
 # budget, so every flooding delivery holds a sandbox child as long as a delivery can.
 SLOW = "[range(40000)] | length < 0"
 SENDERS = 16
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 90.0) -> None:
-    """Poll until check() holds (the machine is loaded: generous, and never a fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.1)
 
 
 def outcomes(stack: Stack, webhook_id: str) -> list[tuple[str, dict[str, Any], list[str]]]:
@@ -97,12 +88,12 @@ async def test_a_flooding_endpoint_does_not_change_where_another_endpoints_deliv
 
     # Phase 1: A floods from 16 concurrent senders while B delivers 8, one after another.
     a_flood = asyncio.create_task(flood(stack, a_hook, per_sender=1))
-    await eventually(lambda: len(outcomes(stack, a_hook["webhook_id"])) >= 2)  # the flood is evaluating
+    await eventually(lambda: len(outcomes(stack, a_hook["webhook_id"])) >= 2, timeout=90)  # the flood is evaluating
     await send(stack, b_hook, 8, "b1")
     await a_flood
-    await eventually(lambda: len(outcomes(stack, b_hook["webhook_id"])) == 8)
+    await eventually(lambda: len(outcomes(stack, b_hook["webhook_id"])) == 8, timeout=90)
     assert_all_followed_b_rule(stack, b_hook["webhook_id"], 8)
-    await eventually(lambda: len(outcomes(stack, a_hook["webhook_id"])) == SENDERS)
+    await eventually(lambda: len(outcomes(stack, a_hook["webhook_id"])) == SENDERS, timeout=90)
     for _, trace, _ in outcomes(stack, a_hook["webhook_id"]):
         # A spends its own budget (its own faults), but it was never refused a sandbox.
         assert "sandbox_busy" not in causes(trace), trace
@@ -116,7 +107,7 @@ async def test_a_flooding_endpoint_does_not_change_where_another_endpoints_deliv
     for resp in await asyncio.gather(*backtests):
         assert resp.status_code == 200, resp.text
         assert resp.json()["summary"]["events"] == 2
-    await eventually(lambda: len(outcomes(stack, b_hook["webhook_id"])) == 16)
+    await eventually(lambda: len(outcomes(stack, b_hook["webhook_id"])) == 16, timeout=90)
     assert_all_followed_b_rule(stack, b_hook["webhook_id"], 16)
 
 
@@ -133,7 +124,7 @@ async def test_a_flood_queues_in_temporal_and_every_delivery_still_gets_its_rule
             rules.append({"id": "a-match", "expr": '.kind == "issues"', "action": {"queue": "a-lane"}})
             _, a_hook = await tenant(stack, "alice", "a-lane", rules)
             await flood(stack, a_hook, per_sender=3)
-            await eventually(lambda: len(outcomes(stack, a_hook["webhook_id"])) == 3 * SENDERS)
+            await eventually(lambda: len(outcomes(stack, a_hook["webhook_id"])) == 3 * SENDERS, timeout=90)
             for disposition, trace, queues in outcomes(stack, a_hook["webhook_id"]):
                 assert disposition == "routed" and trace.get("rule_id") == "a-match", trace
                 assert queues == ["a-lane"] and "faults" not in trace, trace
@@ -154,7 +145,7 @@ async def test_an_evaluation_no_worker_starts_in_time_faults_as_sandbox_busy(
             workers = build_worker(client, pool, stack.settings, task_queue=stack.settings.task_queue, sandbox=sandbox)
             async with workers.main:
                 await send(stack, hook, 1, "stuck")
-                await eventually(lambda: len(outcomes(stack, hook["webhook_id"])) == 1)
+                await eventually(lambda: len(outcomes(stack, hook["webhook_id"])) == 1, timeout=90)
         finally:
             await pool.close()
         [(disposition, trace, queues)] = outcomes(stack, hook["webhook_id"])
@@ -179,7 +170,7 @@ async def test_an_evaluation_that_fails_every_attempt_is_decided_as_sandbox_fail
     async with running_stack(tmp_path, database_url, temporal_env.client, BrokenSandbox()) as stack:
         _, hook = await tenant(stack, "bob", "b-lane", B_RULES)
         await send(stack, hook, 1, "broken")
-        await eventually(lambda: len(outcomes(stack, hook["webhook_id"])) == 1)
+        await eventually(lambda: len(outcomes(stack, hook["webhook_id"])) == 1, timeout=90)
         [(disposition, trace, queues)] = outcomes(stack, hook["webhook_id"])
         [fault] = trace["faults"]
         assert fault["cause"] == "sandbox_failure" and "sandbox exploded" in fault["detail"]

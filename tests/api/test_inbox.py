@@ -10,9 +10,9 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 from temporalio.client import Client
@@ -27,24 +27,10 @@ from switchboard.embedded import search_attribute_args, start_postgres, temporal
 from switchboard.relay import InboxRelay, running_relay
 from switchboard.temporal import start_delivery
 from tests.conftest import Stack, make_settings, running_stack
-from tests.helpers import issue_payload, post_github, token_of
+from tests.helpers import eventually, issue_payload, post_github, token_of
 from tests.signing import sign_slack
 
-T = TypeVar("T")
 UNREACHABLE = "127.0.0.1:1"
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None] | T | None], timeout: float = 60.0) -> T:
-    """Poll until probe returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = probe()
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return got  # type: ignore[return-value]
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.1)
 
 
 def count(stack: Stack, table: str) -> int:
@@ -121,7 +107,7 @@ async def test_temporal_frozen_accepts_pending_then_routes_once_without_redelive
         finally:
             os.kill(pid, signal.SIGCONT)
         # No redelivery from the producer: the relay starts it once Temporal answers again.
-        await eventually(lambda: count(stack, "events") == 1 and count(stack, "delivery_inbox") == 0)
+        await eventually(lambda: count(stack, "events") == 1 and count(stack, "delivery_inbox") == 0, timeout=60)
         result = await env.client.get_workflow_handle(workflow_id, result_type=CommitResult).result()
         assert result.disposition == "routed"
         assert count(stack, "events") == 1 and count(stack, "todos") == 1
@@ -147,7 +133,7 @@ async def test_temporal_unreachable_accepts_into_the_inbox_and_a_retry_does_not_
     assert stats.depth == 1 and stats.due == 1 and stats.oldest_age_seconds is not None
     # Temporal answers again (the suite's server): a relay routes the delivery once.
     async with running_relay(temporal_env.client, inbox(stack), stack.settings):
-        await eventually(lambda: count(stack, "events") == 1 and count(stack, "delivery_inbox") == 0)
+        await eventually(lambda: count(stack, "events") == 1 and count(stack, "delivery_inbox") == 0, timeout=60)
     assert count(stack, "todos") == 1
     assert (await inbox(stack).stats()).depth == 0
 
@@ -186,7 +172,7 @@ async def test_two_relays_draining_one_inbox_route_each_delivery_once(
     steady = InboxRelay(temporal_env.client, inbox(stack), settings)
     tasks = [asyncio.create_task(dying.run()), asyncio.create_task(steady.run())]
     try:
-        await eventually(lambda: count(stack, "events") == n and count(stack, "delivery_inbox") == 0)
+        await eventually(lambda: count(stack, "events") == n and count(stack, "delivery_inbox") == 0, timeout=60)
         # Let any second start of the rows the dying relay left behind run to its end.
         await asyncio.sleep(1.0)
     finally:
@@ -311,7 +297,7 @@ async def test_a_webhook_rate_defers_into_the_inbox_and_the_relay_releases_at_th
     assert again.status_code == 202 and count(stack, "delivery_inbox") == 5
     started = time.monotonic()
     async with running_relay(temporal_env.client, inbox(stack), stack.settings):
-        await eventually(lambda: count(stack, "events") == 6 and count(stack, "delivery_inbox") == 0)
+        await eventually(lambda: count(stack, "events") == 6 and count(stack, "delivery_inbox") == 0, timeout=60)
     # The last slot is at least 2 s after the first deferred one: released at the rate, not at once.
     assert time.monotonic() - started >= 1.5
     assert count(stack, "todos") == 6

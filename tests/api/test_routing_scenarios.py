@@ -499,10 +499,11 @@ async def test_fleet_cairn_handoff_is_a_work_order_and_tags_cannot_vouch(stack: 
     assert order["authorized_by"]["rule_id"] == "cairn-lane-m" and order["authority"] == WORK_ORDER_AUTHORITY
 
     # Tags and on_behalf_of cannot talk an untrusted actor past the allowlist.
-    for n, extra in enumerate(
-        [{"tags": ["handoff", "trusted", "lane:s"]}, {"tags": ["handoff", "lane:s"], "on_behalf_of": "joestump-agent"}],
-        start=2,
-    ):
+    extras: list[dict[str, Any]] = [
+        {"tags": ["handoff", "trusted", "lane:s"]},
+        {"tags": ["handoff", "lane:s"], "on_behalf_of": "joestump-agent"},
+    ]
+    for n, extra in enumerate(extras, start=2):
         sneaky = {**handoff, "id": f"art_{n}", "actor_id": "stranger", **extra}
         dropped = await post_cairn(stack, webhook, sneaky, header_kind="artifact.created")
         assert dropped["dropped"] is True

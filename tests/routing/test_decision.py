@@ -6,7 +6,8 @@ import hashlib
 import json
 import subprocess
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -485,7 +486,12 @@ evaluations = st.builds(
 @settings(max_examples=300, deadline=None)
 @given(g=grants, ev=evaluations, which=st.sampled_from(["cairn", "issue", "none"]))
 def test_decide_is_deterministic(g: Grant, ev: Evaluation, which: str) -> None:
-    envelope = {"cairn": cairn_env, "issue": issue_env, "none": lambda: None}[which]()
+    envelopes: dict[str, Callable[[], dict[str, Any] | None]] = {
+        "cairn": cairn_env,
+        "issue": issue_env,
+        "none": lambda: None,
+    }
+    envelope = envelopes[which]()
     first = decide(g, ev, envelope)
     again = decide(g.model_copy(deep=True), ev.model_copy(deep=True), json.loads(json.dumps(envelope)))
     assert first.model_dump() == again.model_dump()
@@ -508,7 +514,8 @@ GATED = [
     {"id": "gate", "name": "untrusted drops", "expr": "false", "action": {"drop": True}},
     {"id": "lane", "expr": "true", "action": {"queue": "lane-m", "exclusive": True, "once": True}},
 ]
-CAUSES = ("error", "timeout", "compile_error", "budget_exhausted", "sandbox_busy", "sandbox_failure")
+Cause = Literal["error", "timeout", "compile_error", "budget_exhausted", "sandbox_busy", "sandbox_failure"]
+CAUSES: tuple[Cause, ...] = ("error", "timeout", "compile_error", "budget_exhausted", "sandbox_busy", "sandbox_failure")
 
 
 def test_continue_keeps_no_match_semantics_for_a_faulting_gate() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -16,23 +15,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.worker import Replayer
 
-from activities.schedules import FireInput, FireResult
+from activities.schedules import FireInput
 from tests.conftest import Agent, Stack
+from tests.helpers import eventually
 from workflows.route_delivery import RouteDelivery
 from workflows.schedules import FireSchedule
 
 T = TypeVar("T")
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], timeout: float = 20.0) -> T:
-    """Poll until probe returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await probe()
-        if got:
-            return got
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.1)
 
 
 def _fire_events(stack: Stack) -> list[tuple[Any, ...]]:
@@ -63,10 +52,10 @@ async def test_each_fire_is_one_event_and_one_todo_with_trace(stack: Stack) -> N
     assert desc.schedule.policy.catchup_window == timedelta(minutes=10)
 
     await handle.trigger()
-    first = await eventually(lambda: _async(_fire_events(stack)))
+    first = await eventually(lambda: _fire_events(stack))
     await _next_second()
     await handle.trigger()
-    both = await eventually(lambda: _async(_fire_events(stack) if len(_fire_events(stack)) == 2 else None))
+    both = await eventually(lambda: _fire_events(stack) if len(_fire_events(stack)) == 2 else None)
     assert both[0] == first[0]
 
     todos = stack.sql("SELECT id, queue, source, kind, title, event_id, routing_trace, state FROM todos ORDER BY seq")
@@ -89,10 +78,6 @@ async def test_each_fire_is_one_event_and_one_todo_with_trace(stack: Stack) -> N
     assert row["schedule_id"] == made["schedule_id"] and row["last_event_id"] == both[1][0]
 
 
-async def _async(value: T) -> T:
-    return value
-
-
 async def _listed_after(agent: Agent, fires: int) -> list[dict[str, Any]] | None:
     rows: list[dict[str, Any]] = (await agent.ok("list_schedules", {}))["schedules"]
     return rows if rows and rows[0]["fire_count"] == fires else None
@@ -109,7 +94,6 @@ async def test_two_racing_fires_for_one_slot_make_one_todo(stack: Stack) -> None
                 FireInput(schedule_id=made["schedule_id"], scheduled_time=slot),
                 id=f"race-{uuid.uuid4().hex[:8]}",
                 task_queue=stack.settings.task_queue,
-                result_type=FireResult,
             )
             for _ in range(2)
         )
@@ -125,7 +109,6 @@ async def test_two_racing_fires_for_one_slot_make_one_todo(stack: Stack) -> None
         FireInput(schedule_id=made["schedule_id"], scheduled_time=slot),
         id=late_id,
         task_queue=stack.settings.task_queue,
-        result_type=FireResult,
     )
     assert late.created == 0 and late.duplicate is True
     assert stack.sql("SELECT count(*) FROM todos")[0][0] == 1
@@ -147,7 +130,7 @@ async def test_webhook_target_fires_through_the_webhooks_rules(stack: Stack) -> 
     made = await _schedule(agent, webhook_id=webhook["webhook_id"])
     assert made["target"] == "webhook" and made["webhook_id"] == webhook["webhook_id"]
     await stack.temporal.get_schedule_handle(made["temporal_schedule_id"]).trigger()
-    [event] = await eventually(lambda: _async(_fire_events(stack)))
+    [event] = await eventually(lambda: _fire_events(stack))
     assert event[5]["rule_id"] == "ticks"
     [(queue, event_id)] = stack.sql("SELECT queue, event_id FROM todos")
     assert queue == "cron" and event_id == event[0]
@@ -204,6 +187,5 @@ async def test_schedule_scope_validation_and_delete(stack: Stack) -> None:
         FireInput(schedule_id=made["schedule_id"]),
         id=f"gone-{uuid.uuid4().hex[:8]}",
         task_queue=stack.settings.task_queue,
-        result_type=FireResult,
     )
     assert gone.status == "gone" and stack.sql("SELECT count(*) FROM events")[0][0] == 0

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from temporalio.worker import Replayer
 from activities.models import UpkeepInput, UpkeepResult
 from switchboard.temporal import ensure_schedules, schedule_ids
 from tests.conftest import Stack, make_settings
+from tests.helpers import eventually
 from worker import running_worker
 from workflows.upkeep import PruneRetention, ReapTodos
 
@@ -143,13 +142,6 @@ async def test_upkeep_workflows_replay(stack: Stack) -> None:
     await replayer.replay_workflow(await reap.fetch_history())
 
 
-async def _eventually(check: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.2)
-
-
 async def _delete_schedules(client: Client, task_queue: str) -> None:
     for schedule_id in schedule_ids(task_queue).values():
         try:
@@ -195,6 +187,6 @@ async def test_worker_start_creates_both_upkeep_schedules_idempotently(
             async def pruned() -> bool:
                 return _remaining(stack) == KEPT
 
-            await _eventually(pruned)
+            await eventually(pruned)
     finally:
         await _delete_schedules(client, task_queue)

@@ -1,0 +1,60 @@
+"""DeliveryStore.commit: one transaction per delivery, idempotent per run, a duplicate for any other run."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from routing.decision import decide
+from routing.delivery import CommitInput, DeliveryInput
+from routing.models import Evaluation
+from store.crypto import SecretBox
+from store.deliveries import DeliveryStore
+from store.webhooks import WebhookStore
+from tests.conftest import Stack
+from tests.helpers import issue_payload
+
+
+def _delivery(webhook: dict[str, Any], endpoint_id: str, delivery_id: str) -> DeliveryInput:
+    body = json.dumps(issue_payload()).encode()
+    return DeliveryInput(
+        webhook_id=webhook["webhook_id"],
+        endpoint_id=endpoint_id,
+        source="github",
+        kind="issues",
+        external_id=f"{webhook['webhook_id']}:{delivery_id}",
+        trust_mode="signed",
+        verified=True,
+        verify_detail="ok",
+        content_type="application/json",
+        headers={},
+        body_b64=base64.b64encode(body).decode(),
+        source_ip=None,
+        received_at=datetime.now(UTC).isoformat(),
+    )
+
+
+async def test_a_commit_retried_after_it_committed_reports_the_original_outcome(stack: Stack) -> None:
+    agent = await stack.agent()
+    webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
+    pool = stack.app.state.services.pool
+    grant = await WebhookStore(pool, SecretBox(stack.settings.secret_key or "")).load_grant(webhook["webhook_id"])
+    delivery = _delivery(webhook, agent.endpoint_id, "retried")
+    decision = decide(grant, Evaluation(), None)
+    store = DeliveryStore(pool)
+
+    def commit(run_id: str) -> CommitInput:
+        return CommitInput(delivery=delivery, decision=decision, workflow_id="delivery-x", run_id=run_id)
+
+    first = await store.commit(commit("run-1"))
+    assert first.created == 1 and not first.duplicate and first.todos[0].created
+    retried = await store.commit(commit("run-1"))
+    assert retried == first  # the same run: what it made the first time, created counts included
+    other = await store.commit(commit("run-2"))
+    assert other.duplicate and other.created == 0 and not other.todos[0].created
+    assert other.todos[0].id == first.todos[0].id and other.event_id == first.event_id
+    [(run_id, workflow_id)] = stack.sql("SELECT workflow_run_id, workflow_id FROM events")
+    assert run_id == "run-1" and workflow_id == "delivery-x"
+    assert stack.sql("SELECT count(*) FROM todos")[0][0] == 1
