@@ -8,9 +8,9 @@ from typing import Any
 
 from temporalio.testing import ActivityEnvironment
 
-from activities.models import EvaluateInput
 from activities.route import RouteActivities
-from routing.models import Evaluation
+from routing.models import EvaluateInput, Evaluation
+from routing.router import RuleEvaluator
 from store.crypto import SecretBox
 from store.db import open_pool
 from store.deliveries import DeliveryStore
@@ -21,7 +21,7 @@ ENVELOPE = {"kind": "issues", "payload": {"issue": {"number": 7}}}
 RULES = [{"id": "any", "expr": "true", "action": {"queue": "work"}}]
 
 
-async def _activities(database_url: str, sandbox: object | None) -> tuple[RouteActivities, Any]:
+async def _activities(database_url: str, sandbox: RuleEvaluator | None) -> tuple[RouteActivities, Any]:
     pool = await open_pool(database_url, max_size=1)
     return RouteActivities(WebhookStore(pool, SecretBox("0" * 64)), DeliveryStore(pool), sandbox), pool
 
