@@ -158,7 +158,7 @@ class RerouteEventsInput(BaseModel):
     changed: int = 0
     evaluate_locally: bool = False
     evaluate_queue_seconds: float = 120.0
-    starts_per_second: float = 5.0
+    starts_per_second: float = 10.0
     # Deliveries one run re-routes before it continues as new (workflows/reroute.py says why).
     per_run: int = 25
     # Carried across continue-as-new: what the earlier runs of this re-route did.

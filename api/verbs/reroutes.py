@@ -54,7 +54,7 @@ FAMILY = "events"
 WAIT_DEFAULT = 10.0
 WAIT_MAX = 60.0
 # A bulk re-route starts at most this many deliveries per second (each one a RouteDelivery run).
-STARTS_PER_SECOND = 5.0
+STARTS_PER_SECOND = 10.0
 WORKFLOW_NOT_FOUND = "unknown re-route"
 
 _WAIT_DOC = "how long to wait for the outcome before answering pending with the workflow_id (get_reroute polls it)"
