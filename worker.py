@@ -25,6 +25,7 @@ from store.inbox import InboxStore
 from store.schedules import ScheduleStore
 from store.todos import TodoStore
 from store.webhooks import WebhookStore
+from switchboard.metrics import listening, sandbox_observer
 from switchboard.relay import running_relay
 from switchboard.settings import Settings
 from switchboard.temporal import connect, ensure_schedules
@@ -40,7 +41,7 @@ WORKFLOWS: list[type] = [RouteDelivery, ReapTodos, PruneRetention, FireSchedule,
 
 def make_sandbox(settings: Settings) -> SandboxPool:
     """The jq sandbox pool of this process's evaluate worker: one child per evaluate slot (plus a spare)."""
-    return SandboxPool(max_children=settings.sandbox_slots)
+    return SandboxPool(max_children=settings.sandbox_slots, observer=sandbox_observer("delivery"))
 
 
 class Workers:
@@ -137,13 +138,18 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
     import os
 
     delay = float(os.environ.get("SWITCHBOARD_FAULT_COMMIT_DELAY", "0") or 0)
-    async with running_worker(settings, commit_delay=delay):
-        log.info("worker polling task queues %s and %s", settings.task_queue, evaluate_task_queue(settings.task_queue))
-        beat = asyncio.create_task(_liveness(settings.home / LIVENESS_FILE))
-        try:
-            await (stop or asyncio.Event()).wait()
-        finally:
-            beat.cancel()
+    # The worker's own metrics listener (SWITCHBOARD_WORKER_METRICS_PORT; none by default, so several workers
+    # share a host): an API process serves /metrics on its HTTP port instead.
+    with listening(settings.http_host, settings.worker_metrics_port):
+        async with running_worker(settings, commit_delay=delay):
+            log.info(
+                "worker polling task queues %s and %s", settings.task_queue, evaluate_task_queue(settings.task_queue)
+            )
+            beat = asyncio.create_task(_liveness(settings.home / LIVENESS_FILE))
+            try:
+                await (stop or asyncio.Event()).wait()
+            finally:
+                beat.cancel()
 
 
 LIVENESS_FILE = "worker.alive"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from routing.delivery import DeliveryInput
 from routing.models import Grant
@@ -20,6 +20,11 @@ class LoadGrantResult(BaseModel):
 
 class UpkeepInput(BaseModel):
     retention_days: int = 30
+    # ReapTodos: how many reaps one run makes, `every_seconds` apart. The schedule starts one run an hour that
+    # reaps every 30 s, so the Temporal UI lists 24 reaper runs a day instead of 2,880. The defaults (one
+    # reap) are what runs recorded before the loop carry, so their histories replay unchanged.
+    rounds: int = Field(default=1, ge=1, le=1000)
+    every_seconds: float = Field(default=30.0, gt=0)
 
 
 class UpkeepResult(BaseModel):

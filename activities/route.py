@@ -14,6 +14,7 @@ from routing.router import RuleEvaluator, evaluator
 from store.deliveries import DeliveryStore
 from store.errors import NotFound
 from store.webhooks import WebhookStore
+from switchboard.metrics import record_delivery
 
 
 class RouteActivities:
@@ -37,9 +38,13 @@ class RouteActivities:
     async def load_grant(self, data: LoadGrantInput) -> LoadGrantResult:
         """The webhook's config, rules, params and live targets in target order."""
         try:
-            return LoadGrantResult(grant=await self.webhooks.load_grant(data.webhook_id))
+            grant = await self.webhooks.load_grant(data.webhook_id)
         except NotFound:
+            record_delivery("unknown", "gone")  # the workflow ends here: this is the delivery's decision
             return LoadGrantResult(grant=None)
+        if not grant.targets:
+            record_delivery(grant.source, "no_targets")
+        return LoadGrantResult(grant=grant)
 
     @activity.defn(name="evaluate_rules")
     @application_errors
@@ -66,10 +71,20 @@ class RouteActivities:
             # Fault injection for crash tests only (SWITCHBOARD_FAULT_COMMIT_DELAY); zero in production.
             await asyncio.sleep(self.commit_delay)
         # The run id comes from the activity's own context, so the workflow's input to it stays unchanged.
-        return await self.deliveries.commit(data.model_copy(update={"run_id": activity.info().workflow_run_id}))
+        result = await self.deliveries.commit(data.model_copy(update={"run_id": activity.info().workflow_run_id}))
+        # Recorded here, not in the workflow (which replays): once per committed delivery, retries aside.
+        faults = data.decision.trace.get("faults")
+        record_delivery(
+            data.delivery.source,
+            "duplicate" if result.duplicate else result.disposition,
+            faults if isinstance(faults, list) else (),
+        )
+        return result
 
     @activity.defn(name="commit_faulted")
     @application_errors
     async def commit_faulted(self, data: FaultCommitInput) -> CommitResult:
         """Store a delivery whose commit was refused as faulted, with the error on its trace. Idempotent."""
-        return await self.deliveries.commit_faulted(data)
+        result = await self.deliveries.commit_faulted(data)
+        record_delivery(data.delivery.source, "faulted", data.faults)
+        return result

@@ -8,6 +8,7 @@ from activities.errors import application_errors
 from activities.models import UpkeepInput, UpkeepResult
 from store.events import EventStore
 from store.todos import TodoStore
+from switchboard.metrics import DEAD_LETTERS, LEASE_EXPIRIES
 
 
 class UpkeepActivities:
@@ -22,6 +23,8 @@ class UpkeepActivities:
     async def reap_todos(self, data: UpkeepInput) -> UpkeepResult:
         """Expired leases back to pending or dead letter; due retries back to pending."""
         counts = await self.todos.reap()
+        LEASE_EXPIRIES.inc(counts["requeued"] + counts["dead_lettered"])
+        DEAD_LETTERS.labels(cause="lease_expired").inc(counts["dead_lettered"])
         return UpkeepResult(**counts)
 
     @activity.defn(name="prune_retention")

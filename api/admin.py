@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hmac
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
 from api.deps import Services, services
 from api.verbs.registry import VerbInput
+from routing.sources import SOURCE_TYPES
 from store.errors import InvalidArgument, Unauthenticated
 
 
@@ -18,7 +19,7 @@ class AdminInput(VerbInput):
 
 
 class CreateHumanInput(AdminInput):
-    name: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200, description="a display name")
 
 
 class CreateHumanOutput(BaseModel):
@@ -26,8 +27,8 @@ class CreateHumanOutput(BaseModel):
 
 
 class CreateAgentInput(AdminInput):
-    human_id: str
-    name: str = Field(min_length=1, max_length=200)
+    human_id: str = Field(description="the human who owns the agent (hu_…)")
+    name: str = Field(min_length=1, max_length=200, description="a display name")
 
 
 class CreateAgentOutput(BaseModel):
@@ -35,12 +36,15 @@ class CreateAgentOutput(BaseModel):
 
 
 class VendEndpointInput(AdminInput):
-    agent_id: str
-    queues: list[str] = Field(min_length=1)
-    verbs: list[str] = Field(min_length=1)
-    webhook_max: int = Field(default=0, ge=0, le=10_000)
-    webhook_source_types: list[str] = []
-    webhook_queues: list[str] = []
+    agent_id: str = Field(description="the agent the endpoint acts for (ag_…)")
+    queues: list[str] = Field(min_length=1, description="the queues the endpoint may see and drain (its scope)")
+    verbs: list[str] = Field(min_length=1, description="the verbs (and MCP tools) the endpoint may call")
+    webhook_max: int = Field(default=0, ge=0, le=10_000, description="how many webhooks it may create; 0: none")
+    # The enum is advertised; the handler refuses unknown or reserved names with its own message.
+    webhook_source_types: list[Annotated[str, Field(json_schema_extra={"enum": list(SOURCE_TYPES)})]] = Field(
+        default_factory=list, description="source types its webhooks may have"
+    )
+    webhook_queues: list[str] = Field(default_factory=list, description="queues its webhooks may target")
 
 
 class VendEndpointOutput(BaseModel):
@@ -56,7 +60,7 @@ class VendEndpointOutput(BaseModel):
 
 
 class RevokeEndpointInput(AdminInput):
-    endpoint_id: str
+    endpoint_id: str = Field(description="the endpoint to revoke (ep_…); its credential stops at once")
 
 
 class OkOutput(BaseModel):
@@ -64,13 +68,15 @@ class OkOutput(BaseModel):
 
 
 class FriendEdgeInput(AdminInput):
-    from_human_id: str
-    to_human_id: str
-    state: Literal["pending", "approved", "denied", "revoked"]
+    from_human_id: str = Field(description="the human whose agents would deliver (hu_…)")
+    to_human_id: str = Field(description="the human whose endpoints would receive (hu_…)")
+    state: Literal["pending", "approved", "denied", "revoked"] = Field(
+        description="approved lets from_human's webhooks route to to_human's endpoints; anything else stops it"
+    )
 
 
 class SetWebhookRateInput(AdminInput):
-    webhook_id: str
+    webhook_id: str = Field(description="the webhook to pace (wh_…)")
     rate_per_second: float | None = Field(
         ge=0, le=10_000, description="deliveries/s; 0 = unpaced; null = back to SWITCHBOARD_WEBHOOK_RATE_PER_SECOND"
     )

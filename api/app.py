@@ -16,14 +16,17 @@ from api import admin, ingest, stream
 from api.agent import agent_router
 from api.clientaddr import ClientAddressMiddleware
 from api.deps import Services, services
+from api.docs import install_docs
 from api.doorbell import run_doorbell
 from api.errors import install_error_handlers
 from api.mcp import McpSurface
+from api.metrics import router as metrics_router
 from api.middleware import AgentAuthMiddleware, BodyLimitMiddleware, RequestLogMiddleware
 from routing.sandbox import SandboxPool
 from store.db import open_pool, ping
 from store.doorbell import DoorbellStore
 from switchboard.logs import install_masking
+from switchboard.metrics import sandbox_observer
 from switchboard.settings import Settings
 from switchboard.temporal import connect
 
@@ -66,7 +69,11 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
         if client is None and settings.temporal_address:
             client = await connect(settings, lazy=True)
         # Children start on the first dry-run; a verb waits up to RULE_TEST_WAIT for one before sandbox_busy.
-        rule_sandbox = SandboxPool(max_children=settings.rule_test_slots, acquire_timeout=RULE_TEST_WAIT)
+        rule_sandbox = SandboxPool(
+            max_children=settings.rule_test_slots,
+            acquire_timeout=RULE_TEST_WAIT,
+            observer=sandbox_observer("rule_test"),
+        )
         app.state.services = Services.build(settings, pool, client, rule_sandbox=rule_sandbox)
         # Its own connection, so /healthz answers in bounded time however busy the request pool is.
         health_pool = await open_pool(
@@ -92,8 +99,13 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
         version="0.1.0",
         description=DESCRIPTION,
         lifespan=lifespan,
+        # Served by install_docs with local assets (the defaults load them from a CDN).
+        docs_url=None,
+        redoc_url=None,
     )
     install_error_handlers(app)
+    install_docs(app)
+    app.include_router(metrics_router)
     app.include_router(ingest.router)
     app.include_router(agent_router())
     app.include_router(stream.router)

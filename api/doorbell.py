@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from store.deliveries import DOORBELL_CHANNEL
 from store.doorbell import REVOKED_CHANNEL, DoorbellStore, Listener, Note, RingRow
+from switchboard.metrics import DOORBELL_DROPS, DOORBELL_RINGS, bounded
 
 log = logging.getLogger("switchboard.doorbell")
 
@@ -212,9 +213,11 @@ class DoorbellHub:
         except asyncio.QueueFull:
             sub.dropped += 1
             self.dropped += 1
+            DOORBELL_DROPS.labels(transport=bounded(sub.transport)).inc()
             return None
         sub.delivered += 1
         self.rung += 1
+        DOORBELL_RINGS.labels(transport=bounded(sub.transport)).inc()
         return sub
 
     async def ring(self, store: DoorbellStore, todo_id: str, endpoint_id: str) -> Subscriber | None:

@@ -27,6 +27,7 @@ from routing.text import MAX_HEADER_VALUE_CHARS, clean_optional
 from store.errors import StoreUnavailable
 from store.inbox import InboxReason
 from store.models import IngestWebhook
+from switchboard.metrics import record_ingest
 from switchboard.settings import Settings
 from switchboard.temporal import is_outage, start_delivery
 from workflows.route_delivery import workflow_id_for
@@ -78,6 +79,18 @@ class _AddressGate:
     responses={401: {}, 404: {}, 413: {}, 429: {}, 503: {}},
 )
 async def ingest(ingest_token: str, request: Request) -> JSONResponse:
+    started = time.perf_counter()
+    status = 500  # an exception escaping the handler is answered 500 by the error handlers
+    try:
+        response = await _receive(ingest_token, request)
+        status = response.status_code
+        return response
+    finally:
+        # The webhook's source type once its token resolved to a known one (_receive sets it), else "unknown".
+        record_ingest(getattr(request.state, "ingest_source", None), status, time.perf_counter() - started)
+
+
+async def _receive(ingest_token: str, request: Request) -> JSONResponse:
     svc = services(request)
     settings = svc.settings
     # The real client address (api/clientaddr.py resolved X-Forwarded-For from trusted proxies only).
@@ -101,6 +114,7 @@ async def ingest(ingest_token: str, request: Request) -> JSONResponse:
         # A stored source type this build does not know how to verify: refuse, never accept unverified.
         log.error("webhook source type is unknown", extra={"webhook_id": webhook.id})
         return _error(503, "webhook configuration is unreadable; nothing was accepted")
+    request.state.ingest_source = webhook.source_type
 
     raw_headers = list(request.headers.items())
     headers = lower_headers(raw_headers)

@@ -77,11 +77,21 @@ def _validation_message(exc: ValidationError) -> str:
 
 def _tool(name: str) -> types.Tool:
     verb = REGISTRY[name]
+    hints = verb.hints
     return types.Tool(
         name=name,
+        title=verb.title,
         description=verb.summary,
         input_schema=verb.input.model_json_schema(),
         output_schema=verb.output.model_json_schema(mode="serialization"),
+        # Every hint is stated, never left to the protocol's defaults (which assume a destructive, open-world tool).
+        annotations=types.ToolAnnotations(
+            title=verb.title,
+            read_only_hint=hints.read_only,
+            destructive_hint=hints.destructive,
+            idempotent_hint=hints.idempotent,
+            open_world_hint=False,
+        ),
     )
 
 

@@ -72,8 +72,10 @@ class HmacConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    header: str = Field(min_length=1, max_length=64)
-    format: Literal["sha256=hex", "hex", "base64"] = "sha256=hex"
+    header: str = Field(min_length=1, max_length=64, description="the request header carrying the signature")
+    format: Literal["sha256=hex", "hex", "base64"] = Field(
+        default="sha256=hex", description="how the HMAC-SHA256 is encoded in that header"
+    )
 
     @field_validator("header")
     @classmethod
@@ -92,9 +94,16 @@ class KindConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["fixed", "header", "json_path"]
-    value: str = Field(min_length=1, max_length=256)
-    default: str | None = Field(default=None, min_length=1, max_length=MAX_KIND_CHARS)
+    mode: Literal["fixed", "header", "json_path"] = Field(description="where .kind comes from")
+    value: str = Field(
+        min_length=1, max_length=256, description="the fixed kind, the header name, or a dotted path into the payload"
+    )
+    default: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_KIND_CHARS,
+        description="the kind when the header or path (or a CloudEvents type) yields none",
+    )
 
     @model_validator(mode="after")
     def _check_value(self) -> KindConfig:
@@ -115,9 +124,13 @@ class CollectorConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    hmac: HmacConfig | None = None
-    kind: KindConfig | None = None
-    subject_path: str | None = Field(default=None, max_length=256)
+    hmac: HmacConfig | None = Field(
+        default=None, description="verify an HMAC of the raw body (generic only); null: token trust only"
+    )
+    kind: KindConfig | None = Field(default=None, description="how .kind is derived (generic only)")
+    subject_path: str | None = Field(
+        default=None, max_length=256, description="a dotted path into the payload that keys coalescing"
+    )
 
     @field_validator("subject_path")
     @classmethod

@@ -152,6 +152,17 @@ def owner_of(caller: Caller) -> str:
     return f"agent:{caller.agent_id}"
 
 
+def conflict_message(todo: Todo, needs: str) -> str:
+    """Why a transition that needs the todo in state `needs` did not apply (`todo is done, not claimed`).
+
+    Read after the refused UPDATE, so a concurrent change may show here; the code stays conflict either way.
+    Only the endpoint's own agent sees its todos, so a claimed todo it cannot act on changed under it.
+    """
+    if todo.state != needs:
+        return f"todo is {todo.state}, not {needs}"
+    return f"todo changed concurrently; it is {todo.state} now"
+
+
 class TodoStore:
     """Todo verbs confined to the calling endpoint and its scope queues."""
 
@@ -236,7 +247,7 @@ class TodoStore:
                 "owner": owner_of(caller),
                 "lease": clamp_lease(lease_seconds),
             },
-            "todo is not pending",
+            "pending",
         )
 
     @translates_errors
@@ -252,7 +263,7 @@ class TodoStore:
                 "owner": owner_of(caller),
                 "result": Jsonb(result),
             },
-            "todo is not claimed by this agent",
+            "claimed",
         )
 
     @translates_errors
@@ -269,7 +280,7 @@ class TodoStore:
                 "error": error,
                 "result": Jsonb(result) if result is not None else None,
             },
-            "todo is not claimed by this agent",
+            "claimed",
         )
 
     @translates_errors
@@ -285,7 +296,7 @@ class TodoStore:
                 "owner": owner_of(caller),
                 "lease": clamp_lease(lease_seconds),
             },
-            "todo is not claimed by this agent",
+            "claimed",
         )
 
     @translates_errors
@@ -296,18 +307,17 @@ class TodoStore:
             todo_id,
             _RELEASE,
             {"id": todo_id, "endpoint": caller.endpoint_id, "owner": owner_of(caller)},
-            "todo is not claimed by this agent",
+            "claimed",
         )
 
-    async def _transition(self, caller: Caller, todo_id: str, sql: str, params: dict[str, Any], conflict: str) -> Todo:
+    async def _transition(self, caller: Caller, todo_id: str, sql: str, params: dict[str, Any], needs: str) -> Todo:
         # One conditional UPDATE whose WHERE carries ownership and scope: a todo outside the scope can never
         # change. Only when nothing matched do we look the todo up to say why (not_found, forbidden, conflict).
         async with self.pool.connection() as conn:
             cur = await conn.execute(sql, {**params, "queues": caller.scope_queues})
             row = await cur.fetchone()
         if row is None:
-            await self.get(caller, todo_id)
-            raise Conflict(conflict)
+            raise Conflict(conflict_message(await self.get(caller, todo_id), needs))
         return Todo.model_validate(row)
 
     @translates_errors
@@ -327,13 +337,13 @@ class TodoStore:
             return Todo.model_validate(row)
         todo = await self.get(caller, todo_id)
         if todo.state != "failed":
-            raise Conflict(f"todo is {todo.state}; only a failed todo can be retried")
+            raise Conflict(conflict_message(todo, "failed"))
         async with self.pool.connection() as conn:
             cur = await conn.execute(_FIND_LIVE_TWIN, (todo.endpoint_id, todo.idempotency_key, todo.id))
             twin = await cur.fetchone()
         if twin is not None:
             raise Conflict(f"{_TWIN_CONFLICT}: {twin['id']}")
-        raise Conflict("todo changed state meanwhile; read it and try again")
+        raise Conflict(conflict_message(todo, "failed"))
 
     @translates_errors
     async def cancel(self, caller: Caller, todo_id: str, reason: str | None) -> Todo:
@@ -345,7 +355,10 @@ class TodoStore:
         if row is not None:
             return Todo.model_validate(row)
         todo = await self.get(caller, todo_id)
-        raise Conflict(f"todo is {todo.state}; only a pending or failed todo can be canceled")
+        # Refused in pending or failed only when it changed concurrently; conflict_message says so for one state.
+        raise Conflict(
+            conflict_message(todo, todo.state if todo.state in ("pending", "failed") else "pending or failed")
+        )
 
     @translates_errors
     async def reap(self) -> dict[str, int]:
@@ -360,3 +373,26 @@ class TodoStore:
             "dead_lettered": sum(1 for r in leases if r["state"] == "failed"),
             "retried": len(retries),
         }
+
+    @translates_errors
+    async def live_counts(self, limit: int) -> dict[tuple[str, str], int]:
+        """Live todos per (queue, state) across every endpoint, the largest `limit` groups (for /metrics).
+
+        Only the live states, each served by its partial index (pending, claimed, failed awaiting a retry):
+        terminal rows are most of a busy table and are counted by the process counters instead. A statement
+        timeout bounds the scrape however large the backlog.
+        """
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute("SET LOCAL statement_timeout = '2s'")
+            cur = await conn.execute(_LIVE_COUNTS, {"limit": limit})
+            rows = await cur.fetchall()
+        return {(r["queue"], r["state"]): int(r["n"]) for r in rows}
+
+
+_LIVE_COUNTS = """
+SELECT queue, state, count(*) AS n FROM todos
+WHERE state IN ('pending', 'claimed') OR (state = 'failed' AND next_retry_at IS NOT NULL)
+GROUP BY queue, state
+ORDER BY n DESC, queue, state
+LIMIT %(limit)s
+"""

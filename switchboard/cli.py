@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from routing.sources import SOURCE_TYPES
 from switchboard import resources
 from switchboard.settings import Settings
 
@@ -237,7 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--queues", required=True, type=_csv, help="comma-separated")
     ev.add_argument("--verbs", default="all", help="comma-separated, or 'all'")
     ev.add_argument("--webhook-max", type=int, default=5)
-    ev.add_argument("--webhook-source-types", type=_csv, default=["github", "gitea", "generic"])
+    # Every source type the README advertises works out of the box; narrow it per endpoint with this flag.
+    ev.add_argument(
+        "--webhook-source-types", type=_csv, default=list(SOURCE_TYPES), help="comma-separated; default: all"
+    )
     ev.add_argument("--webhook-queues", type=_csv, default=None, help="default: the endpoint's queues")
 
     def vend(s: Settings, a: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import ipaddress
 import secrets
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -36,6 +36,14 @@ class Settings(BaseSettings):
     temporal_namespace: str = "default"
     temporal_port: int = 7233
     temporal_ui_port: int = 8233
+    # Temporal TLS / mTLS and API key (switchboard/temporal.py connect_security). Files are PEM; an API key or
+    # any TLS file turns TLS on; `temporal_tls` alone means TLS with the system roots.
+    temporal_tls: bool = False
+    temporal_tls_ca_file: Path | None = None
+    temporal_tls_cert_file: Path | None = None
+    temporal_tls_key_file: Path | None = None
+    temporal_tls_server_name: str | None = None
+    temporal_api_key: str | None = None
     task_queue: str = "switchboard"
     admin_token: str | None = None
     secret_key: str | None = Field(default=None, description="hex AES-256 key for secrets at rest")
@@ -90,6 +98,29 @@ class Settings(BaseSettings):
     # The API process's own sandbox for test_webhook_rules, backtest_webhook_rules and save-time compiles.
     rule_test_slots: int = Field(default=1, ge=1, le=16)
     log_level: str = "INFO"
+    # A worker process's metrics listener (GET any path on SWITCHBOARD_HTTP_HOST:port); 0 = none. API processes
+    # serve /metrics on their HTTP port, and an API-hosted worker shares it.
+    worker_metrics_port: int = Field(default=0, ge=0, le=65535)
+
+    @field_validator(
+        "temporal_tls_ca_file",
+        "temporal_tls_cert_file",
+        "temporal_tls_key_file",
+        "temporal_tls_server_name",
+        "temporal_api_key",
+        mode="before",
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # Compose passes `${VAR:-}` as an empty string: that means "not set", never the current directory.
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @model_validator(mode="after")
+    def _client_pair(self) -> Settings:
+        # mTLS needs both halves; one alone would silently connect without a client certificate.
+        if (self.temporal_tls_cert_file is None) != (self.temporal_tls_key_file is None):
+            raise ValueError("SWITCHBOARD_TEMPORAL_TLS_CERT_FILE and _KEY_FILE must be set together")
+        return self
 
     @field_validator("forwarded_allow_ips")
     @classmethod

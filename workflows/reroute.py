@@ -20,7 +20,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.reroute import RerouteActivities
     from routing.delivery import DeliveryInput
     from routing.reroute import RerouteEventsInput, RerouteProgress, RerouteResult, result_of
-    from workflows import search
+    from workflows import explain, search
     from workflows.route_delivery import STORE_RETRY, RouteDelivery
 
 # Deliveries one run re-routes before it continues as new (RerouteEventsInput.per_run, 25 by default): each
@@ -40,17 +40,32 @@ def batch_workflow_id(webhook_id: str, nonce: str) -> str:
     return f"reroute-batch-{webhook_id}-{nonce}"
 
 
-def reroute_search_attributes(delivery: DeliveryInput) -> TypedSearchAttributes:
-    """What makes a re-route findable in the Temporal UI: its webhook, source, kind and the original event."""
+def reroute_start(delivery: DeliveryInput) -> tuple[TypedSearchAttributes, str, str]:
+    """Search attributes, summary line and start details of a re-route's RouteDelivery run (Temporal UI).
+
+    The receiver's own (workflows/explain.py: webhook, source, kind, the producer's delivery id) plus
+    SwitchboardRerouteOf, so a search by the producer's id finds the original run and its re-routes. Pure, so
+    RerouteEvents computes the same for its children on replay.
+    """
     attrs: list[SearchAttributePair[str]] = [
         SearchAttributePair(search.WEBHOOK_ID, delivery.webhook_id),
         SearchAttributePair(search.SOURCE, delivery.source),
     ]
     if delivery.kind:
         attrs.append(SearchAttributePair(search.KIND, delivery.kind[:256]))
+    try:
+        envelope = explain.received_envelope(delivery)
+    except Exception:  # a description must never cost a re-route its start
+        envelope = None
+    producer_id = explain.delivery_attribute(delivery, envelope)
+    if producer_id is not None:
+        attrs.append(SearchAttributePair(search.DELIVERY_ID, producer_id))
     if delivery.reroute_of:
         attrs.append(SearchAttributePair(search.REROUTE_OF, delivery.reroute_of))
-    return TypedSearchAttributes(attrs)
+    original = explain.plain(delivery.reroute_of or "")
+    summary = explain.plain(f"re-route {explain.summary_line(delivery, envelope)}", explain.MAX_SUMMARY_CHARS)
+    details = f"**re-route of** `{original}`\n\n{explain.start_details(delivery)}"
+    return TypedSearchAttributes(attrs), summary, details
 
 
 def tally(data: RerouteEventsInput, results: list[RerouteResult]) -> RerouteProgress:
@@ -125,12 +140,15 @@ class RerouteEvents:
         if loaded.delivery is None:
             return RerouteResult(event_id=event_id, status="missing", error="the event is no longer stored")
         child_id = reroute_workflow_id(event_id, data.batch)
+        attrs, summary, details = reroute_start(loaded.delivery)
         try:
             committed = await workflow.execute_child_workflow(
                 RouteDelivery.run,
                 loaded.delivery,
                 id=child_id,
-                search_attributes=reroute_search_attributes(loaded.delivery),
+                search_attributes=attrs,
+                static_summary=summary,
+                static_details=details,
                 # Never a second run under this id: one batch routes one delivery again once.
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 # A delivery half-routed is finished even if this re-route is terminated.

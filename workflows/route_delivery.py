@@ -17,7 +17,7 @@ with workflow.unsafe.imports_passed_through():
     from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultCommitInput
     from routing.models import EvaluateInput, Evaluation, Fault
     from routing.router import needs_envelope, route
-    from workflows import search
+    from workflows import explain, search
 
 # Store activities are retried on transient errors (database restarts, pool timeouts) until PostgreSQL answers:
 # an outage must not lose work. A refusal of the data (StoreRejected) is never retried; it ends as faulted.
@@ -61,15 +61,18 @@ class RouteDelivery:
             RouteActivities.load_grant,
             LoadGrantInput(webhook_id=delivery.webhook_id),
             start_to_close_timeout=timedelta(seconds=10),
+            summary=f"webhook {delivery.webhook_id}",
             retry_policy=STORE_RETRY,
         )
         grant = loaded.grant
         if grant is None:
             workflow.upsert_search_attributes([search.DECISION.value_set("gone")])
-            return CommitResult(status="gone", verified=delivery.verified, trust_mode=delivery.trust_mode)
+            return _explained(CommitResult(status="gone", verified=delivery.verified, trust_mode=delivery.trust_mode))
         if not grant.targets:
             workflow.upsert_search_attributes([search.DECISION.value_set("no_targets")])
-            return CommitResult(status="no_targets", verified=delivery.verified, trust_mode=delivery.trust_mode)
+            return _explained(
+                CommitResult(status="no_targets", verified=delivery.verified, trust_mode=delivery.trust_mode)
+            )
 
         # The one routing composition (routing.router); its evaluate step is an activity, decide runs here.
         envelope = delivery.envelope() if needs_envelope(grant) else None
@@ -82,6 +85,7 @@ class RouteDelivery:
                 CommitInput(delivery=delivery, decision=decision, workflow_id=workflow.info().workflow_id),
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=STORE_RETRY,
+                summary=f"commit {decision.disposition}",
             )
         except (ActivityError, ApplicationError) as err:
             refused = _refusal(err)
@@ -92,8 +96,11 @@ class RouteDelivery:
         updates = [search.DECISION.value_set(outcome.replace(" ", "_"))]
         if result.rule_id:
             updates.append(search.RULE_ID.value_set(result.rule_id))
+        if result.event_id:
+            # Same upsert command as before, one more attribute: replay compares commands, not their values.
+            updates.append(search.EVENT_ID.value_set(result.event_id))
         workflow.upsert_search_attributes(updates)
-        return result
+        return _explained(result, decision.trace.get("faults"))
 
     async def _evaluate(self, delivery: DeliveryInput, rules: EvaluateInput) -> Evaluation:
         """The evaluate step: a local activity when the receiver chose so, else a regular one (on its queue)."""
@@ -103,6 +110,7 @@ class RouteDelivery:
                 rules,
                 start_to_close_timeout=timedelta(seconds=10),
                 retry_policy=EVALUATE_RETRY,
+                summary=_rules_summary(rules),
             )
         if workflow.patched(EVALUATE_QUEUE_PATCH):
             return await self._evaluate_on_queue(delivery, rules)
@@ -112,6 +120,7 @@ class RouteDelivery:
             start_to_close_timeout=timedelta(seconds=10),
             heartbeat_timeout=timedelta(seconds=3),
             retry_policy=EVALUATE_RETRY,
+            summary=_rules_summary(rules),
         )
 
     async def _evaluate_on_queue(self, delivery: DeliveryInput, rules: EvaluateInput) -> Evaluation:
@@ -131,6 +140,7 @@ class RouteDelivery:
                 # The webhook's owning endpoint is the tenant: matching hands out evaluate tasks round-robin
                 # across endpoints with queued work, so one endpoint's backlog cannot hold another's rules.
                 priority=Priority(fairness_key=delivery.endpoint_id),
+                summary=_rules_summary(rules),
             )
         except ActivityError as exc:
             cause = exc.cause
@@ -165,6 +175,7 @@ class RouteDelivery:
                 fault_input,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=STORE_RETRY,
+                summary=f"store as faulted: {error_type}"[:200],
             )
         except (ActivityError, ApplicationError) as err:
             again = _refusal(err)
@@ -178,6 +189,22 @@ class RouteDelivery:
             return CommitResult(
                 faulted=True, disposition="faulted", verified=delivery.verified, trust_mode=delivery.trust_mode
             )
+
+
+def _rules_summary(rules: EvaluateInput) -> str:
+    """The evaluate activity's line in the UI."""
+    count = len(rules.rules)
+    return f"{count} rule{'' if count == 1 else 's'}"
+
+
+def _explained(result: CommitResult, faults: object = None) -> CommitResult:
+    """Set the run's current details (decision, rule, event, todos, faults) for the UI; returns ``result``.
+
+    Current details are answered from the workflow's state to the UI's metadata query, never recorded as a
+    command, so they replay on any history.
+    """
+    workflow.set_current_details(explain.end_details(result, faults))
+    return result
 
 
 def _refusal(err: BaseException) -> ApplicationError | None:

@@ -6,13 +6,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from api.verbs.registry import Context, VerbInput, verb
+from api.verbs.registry import Context, Hints, VerbInput, verb
 from routing.collectors import CollectorConfig
 from store.collectors import CollectorStore
 
 
 class ConfigureWebhookInput(VerbInput):
-    webhook_id: str = Field(max_length=1000)
+    webhook_id: str = Field(max_length=1000, description="one of your webhooks (list_webhooks)")
     collector: CollectorConfig = Field(
         description=(
             "replaces the webhook's collector configuration: hmac {header, format} and kind"
@@ -39,6 +39,7 @@ class ConfigureWebhookOutput(BaseModel):
     family="webhooks",
     summary="Configure a webhook's collector: kind rule, optional HMAC (secret shown once), subject path.",
     rate_class="authoring",
+    hints=Hints(destructive=True),
 )
 async def configure_webhook(ctx: Context, data: ConfigureWebhookInput) -> ConfigureWebhookOutput:
     store = CollectorStore(ctx.services.pool, ctx.services.webhooks.box)

@@ -7,17 +7,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from api.verbs.registry import Context, VerbInput, verb
+from api.verbs.registry import READ, Context, VerbInput, verb
 from routing.models import EventDisposition
 from store.events import EventDetail, EventStore, EventSummary
 
 
 class ListEventsInput(VerbInput):
-    webhook_id: str | None = Field(default=None, max_length=1000)
-    kind: str | None = Field(default=None, max_length=256)
-    disposition: EventDisposition | None = None
+    webhook_id: str | None = Field(default=None, max_length=1000, description="only this webhook's events")
+    kind: str | None = Field(default=None, max_length=256, description="only this .kind, e.g. issues or push")
+    disposition: EventDisposition | None = Field(
+        default=None,
+        description="only events routed, dropped, repeat (once key already claimed) or faulted (on_fault hold)",
+    )
     since: datetime | None = Field(default=None, description="only events received at or after this instant")
-    limit: int = Field(default=50, ge=1, le=200)
+    limit: int = Field(default=50, ge=1, le=200, description="the most events on one page")
     cursor: str | None = Field(default=None, max_length=1000, description="next_cursor of the previous page")
     delivery_id: str | None = Field(
         default=None,
@@ -52,7 +55,7 @@ class ListEventsOutput(BaseModel):
 
 
 class GetEventInput(VerbInput):
-    event_id: str = Field(max_length=1000)
+    event_id: str = Field(max_length=1000, description="the event's id (ev_…), from list_webhook_events or a todo")
 
 
 class EventDetailOut(EventOut):
@@ -77,6 +80,7 @@ def _summary(e: EventSummary) -> EventOut:
     output=ListEventsOutput,
     family="events",
     summary="Events on your human's webhooks, newest first, with their routing traces; pages by cursor.",
+    hints=READ,
 )
 async def list_webhook_events(ctx: Context, data: ListEventsInput) -> ListEventsOutput:
     page = await _store(ctx).list(
@@ -100,6 +104,7 @@ async def list_webhook_events(ctx: Context, data: ListEventsInput) -> ListEvents
     output=EventDetailOut,
     family="events",
     summary="One event: summary, sanitized headers, payload and routing trace.",
+    hints=READ,
 )
 async def get_webhook_event(ctx: Context, data: GetEventInput) -> EventDetailOut:
     found: EventDetail = await _store(ctx).get(ctx.caller, data.event_id)

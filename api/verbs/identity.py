@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from api.verbs.registry import Context, VerbInput, verb
+from api.verbs.registry import READ, Context, VerbInput, verb
 
 
 class WhoamiInput(VerbInput):
@@ -32,6 +32,7 @@ class WhoamiOutput(BaseModel):
     output=WhoamiOutput,
     family="identity",
     summary="The caller's identity and scope.",
+    hints=READ,
 )
 async def whoami(ctx: Context, data: WhoamiInput) -> WhoamiOutput:
     c = ctx.caller

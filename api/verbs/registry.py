@@ -41,6 +41,29 @@ Handler = Callable[[Context, Any], Awaitable[BaseModel]]
 
 
 @dataclass(frozen=True)
+class Hints:
+    """How a verb treats switchboard state, advertised as MCP tool annotations.
+
+    read_only: changes nothing. destructive: may remove or irrecoverably replace state (a delete, a remove,
+    a rotation, a wholesale replace). idempotent: a repeat with the same arguments changes nothing further
+    (the repeat may answer conflict or not_found). Every verb acts only on switchboard's own state, so no
+    verb is open-world.
+    """
+
+    read_only: bool = False
+    destructive: bool = False
+    idempotent: bool = False
+
+
+READ = Hints(read_only=True, idempotent=True)
+
+
+def default_title(name: str) -> str:
+    """A verb's display title from its name: `list_todos` → `List todos`."""
+    return name.replace("_", " ").capitalize()
+
+
+@dataclass(frozen=True)
 class Verb:
     """One agent verb."""
 
@@ -51,6 +74,8 @@ class Verb:
     summary: str
     handler: Handler
     rate_class: RateClass = "agent"
+    title: str = ""
+    hints: Hints = Hints()
 
 
 REGISTRY: dict[str, Verb] = {}
@@ -66,13 +91,17 @@ def verb(
     family: str,
     summary: str,
     rate_class: RateClass = "agent",
+    title: str | None = None,
+    hints: Hints = Hints(),
 ) -> Callable[[F], F]:
-    """Register a handler as a verb; adding a verb is this one decorator."""
+    """Register a handler as a verb; adding a verb is this one decorator (hints: how it treats state)."""
 
     def register(fn: F) -> F:
         if name in REGISTRY:
             raise ValueError(f"verb {name} registered twice")
-        REGISTRY[name] = Verb(name, input, output, family, summary, fn, rate_class)
+        if hints.read_only and hints.destructive:
+            raise ValueError(f"verb {name} cannot be both read-only and destructive")
+        REGISTRY[name] = Verb(name, input, output, family, summary, fn, rate_class, title or default_title(name), hints)
         return fn
 
     return register

@@ -45,7 +45,7 @@ from workflows.reroute import (
     PROGRESS_QUERY,
     RerouteEvents,
     batch_workflow_id,
-    reroute_search_attributes,
+    reroute_start,
     reroute_workflow_id,
 )
 from workflows.route_delivery import RouteDelivery
@@ -201,6 +201,7 @@ async def reroute_webhook_event(ctx: Context, data: RerouteEventInput) -> Rerout
         evaluate_queue_seconds=settings.evaluate_queue_seconds,
     )
     workflow_id = reroute_workflow_id(original.id, nonce)
+    attrs, summary, details = reroute_start(delivery)
     handle: WorkflowHandle[Any, CommitResult] = await _started(
         _temporal(ctx).start_workflow(
             RouteDelivery.run,
@@ -208,7 +209,9 @@ async def reroute_webhook_event(ctx: Context, data: RerouteEventInput) -> Rerout
             id=workflow_id,
             task_queue=settings.task_queue,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            search_attributes=reroute_search_attributes(delivery),
+            search_attributes=attrs,
+            static_summary=summary,
+            static_details=details,
             rpc_timeout=timedelta(seconds=settings.temporal_start_timeout_seconds),
         )
     )

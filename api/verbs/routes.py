@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field
 
-from api.verbs.registry import Context, VerbInput, verb
+from api.verbs.registry import READ, Context, Hints, VerbInput, verb
 from store.routes import RouteStore
 
 # Ids are free text up to a bound: a malformed id must meet the same refusal as an unknown one, so the shape
@@ -16,8 +16,10 @@ AnyId = Annotated[str, Field(max_length=1000)]
 
 
 class RouteInput(VerbInput):
-    webhook_id: AnyId
-    target_endpoint_id: AnyId
+    webhook_id: Annotated[AnyId, Field(description="one of your webhooks (list_webhooks)")]
+    target_endpoint_id: Annotated[
+        AnyId, Field(description="an endpoint of your human, or of a human who approved your deliveries")
+    ]
 
 
 class RouteChangeOutput(BaseModel):
@@ -28,7 +30,7 @@ class RouteChangeOutput(BaseModel):
 
 
 class ListRoutesInput(VerbInput):
-    webhook_id: AnyId
+    webhook_id: Annotated[AnyId, Field(description="one of your webhooks (list_webhooks)")]
 
 
 class RouteOut(BaseModel):
@@ -54,6 +56,7 @@ def _store(ctx: Context) -> RouteStore:
     family="webhooks",
     summary="Fan a webhook out to another endpoint of yours or of a human who approved your deliveries.",
     rate_class="authoring",
+    hints=Hints(idempotent=True),
 )
 async def add_webhook_route(ctx: Context, data: RouteInput) -> RouteChangeOutput:
     done = await _store(ctx).add(ctx.caller, data.webhook_id, data.target_endpoint_id)
@@ -66,6 +69,7 @@ async def add_webhook_route(ctx: Context, data: RouteInput) -> RouteChangeOutput
     output=ListRoutesOutput,
     family="webhooks",
     summary="A webhook's fan-out set: the owning endpoint first, then every route in target order.",
+    hints=READ,
 )
 async def list_webhook_routes(ctx: Context, data: ListRoutesInput) -> ListRoutesOutput:
     rows = await _store(ctx).list(ctx.caller, data.webhook_id)
@@ -79,6 +83,7 @@ async def list_webhook_routes(ctx: Context, data: ListRoutesInput) -> ListRoutes
     family="webhooks",
     summary="Stop fanning a webhook out to an endpoint; a no-op for the owner or a route already gone.",
     rate_class="authoring",
+    hints=Hints(destructive=True, idempotent=True),
 )
 async def remove_webhook_route(ctx: Context, data: RouteInput) -> RouteChangeOutput:
     done = await _store(ctx).remove(ctx.caller, data.webhook_id, data.target_endpoint_id)

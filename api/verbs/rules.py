@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from api.verbs.registry import Context, VerbInput, verb
+from api.verbs.registry import READ, Context, Hints, VerbInput, verb
+from api.verbs.rule_schema import ActionJSON, RuleJSON, RulePatchJSON, RulesJSON
 from routing import replay
 from routing.models import Grant, OnFault
 from routing.replay import BacktestSummary, DecisionSummary, ReplayedEvent
@@ -28,8 +29,6 @@ FAMILY = "webhooks"
 BACKTEST_MAX = 200
 BACKTEST_DEFAULT = 50
 
-RulesJSON = list[dict[str, Any]]
-ActionJSON = dict[str, Any]
 
 _RULES_DOC = "ordered rules {id?, name?, expr, action}; ids are minted when omitted"
 _DEFAULT_DOC = 'the action when no rule matches; null means {"queue": <target queue>} on every target'
@@ -46,7 +45,7 @@ _ON_FAULT_DOC = (
 
 
 class WebhookInput(VerbInput):
-    webhook_id: str = Field(min_length=1, max_length=128)
+    webhook_id: str = Field(min_length=1, max_length=128, description="one of your webhooks (list_webhooks)")
 
 
 class GrantTargetOut(BaseModel):
@@ -86,7 +85,7 @@ class SetRulesInput(WebhookInput):
 
 
 class AddRuleInput(WebhookInput):
-    rule: dict[str, Any] = Field(description="{id?, name?, expr, action}")
+    rule: RuleJSON = Field(description="the rule to insert: {id?, name?, expr, action}")
     position: int | None = Field(default=None, ge=0, description="index to insert at; default: the end")
 
 
@@ -95,19 +94,19 @@ class AddRuleOutput(RulesOutput):
 
 
 class UpdateRuleInput(WebhookInput):
-    rule_id: str = Field(min_length=1, max_length=256)
-    rule: dict[str, Any] = Field(
+    rule_id: str = Field(min_length=1, max_length=256, description="the id of the rule to change")
+    rule: RulePatchJSON = Field(
         description="fields to replace (id, name, expr, action); a null name removes it; a new id renames"
     )
 
 
 class MoveRuleInput(WebhookInput):
-    rule_id: str = Field(min_length=1, max_length=256)
+    rule_id: str = Field(min_length=1, max_length=256, description="the id of the rule to move")
     position: int = Field(ge=0, description="the rule's index after the move")
 
 
 class RemoveRuleInput(WebhookInput):
-    rule_id: str = Field(min_length=1, max_length=256)
+    rule_id: str = Field(min_length=1, max_length=256, description="the id of the rule to remove")
 
 
 class RemoveRuleOutput(RulesOutput):
@@ -127,7 +126,7 @@ class DryRunInput(CandidateInput):
     payload: Any = Field(default=None, description="a sample body (any JSON value), treated as verified")
     headers: dict[str, str] | None = Field(default=None, description="the sample's request headers")
     event_id: str | None = Field(default=None, min_length=1, max_length=128, description="an event of this webhook")
-    omit_envelope: bool = False
+    omit_envelope: bool = Field(default=False, description="leave the evaluated envelope out of the answer")
 
 
 class DryRunOutput(BaseModel):
@@ -214,6 +213,7 @@ async def tried_grant(ctx: Context, saved: RuleConfig, data: CandidateInput) -> 
     output=RulesOutput,
     family=FAMILY,
     summary="A webhook's rules, default action, params and current grant.",
+    hints=READ,
 )
 async def list_webhook_rules(ctx: Context, data: WebhookInput) -> RulesOutput:
     return RulesOutput(**_out(await ctx.services.rules.read(ctx.caller, data.webhook_id)))
@@ -226,6 +226,7 @@ async def list_webhook_rules(ctx: Context, data: WebhookInput) -> RulesOutput:
     family=FAMILY,
     summary="Replace a webhook's rules, default action and params together (omitted params are cleared).",
     rate_class="authoring",
+    hints=Hints(destructive=True),
 )
 async def set_webhook_rules(ctx: Context, data: SetRulesInput) -> RulesOutput:
     def edit(current: RuleConfig) -> Candidate:
@@ -268,6 +269,7 @@ async def add_webhook_rule(ctx: Context, data: AddRuleInput) -> AddRuleOutput:
     family=FAMILY,
     summary="Change fields of one rule by id; the list is re-validated in full.",
     rate_class="authoring",
+    hints=Hints(destructive=True, idempotent=True),
 )
 async def update_webhook_rule(ctx: Context, data: UpdateRuleInput) -> RulesOutput:
     def edit(current: RuleConfig) -> Candidate:
@@ -295,6 +297,7 @@ async def update_webhook_rule(ctx: Context, data: UpdateRuleInput) -> RulesOutpu
     family=FAMILY,
     summary="Move one rule to a new index (first match wins, so order is meaning).",
     rate_class="authoring",
+    hints=Hints(idempotent=True),
 )
 async def move_webhook_rule(ctx: Context, data: MoveRuleInput) -> RulesOutput:
     def edit(current: RuleConfig) -> Candidate:
@@ -319,6 +322,7 @@ async def move_webhook_rule(ctx: Context, data: MoveRuleInput) -> RulesOutput:
     family=FAMILY,
     summary="Remove one rule by id; removing an absent rule succeeds.",
     rate_class="authoring",
+    hints=Hints(destructive=True, idempotent=True),
 )
 async def remove_webhook_rule(ctx: Context, data: RemoveRuleInput) -> RemoveRuleOutput:
     store = ctx.services.rules
@@ -346,6 +350,7 @@ async def remove_webhook_rule(ctx: Context, data: RemoveRuleInput) -> RemoveRule
     family=FAMILY,
     summary="Dry-run saved or candidate rules on a sample payload or a stored event; nothing is saved.",
     rate_class="authoring",
+    hints=READ,
 )
 async def test_webhook_rules(ctx: Context, data: DryRunInput) -> DryRunOutput:
     has_payload = "payload" in data.model_fields_set
@@ -379,6 +384,7 @@ async def test_webhook_rules(ctx: Context, data: DryRunInput) -> DryRunOutput:
     family=FAMILY,
     summary="Replay saved or candidate rules over the webhook's recent events; report what would change.",
     rate_class="authoring",
+    hints=READ,
 )
 async def backtest_webhook_rules(ctx: Context, data: BacktestInput) -> BacktestOutput:
     saved = await ctx.services.rules.read(ctx.caller, data.webhook_id)

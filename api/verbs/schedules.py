@@ -26,7 +26,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.schedules import FireInput
-from api.verbs.registry import Context, VerbInput, verb
+from api.verbs.registry import READ, Context, Hints, VerbInput, verb
 from store.errors import DomainError, InvalidArgument
 from store.schedules import SCHEDULE_SOURCE, ScheduleRow, ScheduleStore
 from workflows import search
@@ -81,7 +81,7 @@ class CreateScheduleInput(VerbInput):
     queue: str | None = Field(
         default=None, min_length=1, max_length=128, description="or mint each fire's todo on this queue"
     )
-    title: str = Field(min_length=1, max_length=200)
+    title: str = Field(min_length=1, max_length=200, description="the title of each fire's todo")
     payload: Any = Field(default=None, description="JSON carried in every fire's body under .payload.payload")
 
     @model_validator(mode="after")
@@ -120,7 +120,7 @@ class ListSchedulesOutput(BaseModel):
 
 
 class DeleteScheduleInput(VerbInput):
-    schedule_id: str = Field(max_length=1000)
+    schedule_id: str = Field(max_length=1000, description="one of your schedules (list_schedules)")
 
 
 class DeleteScheduleOutput(BaseModel):
@@ -215,6 +215,7 @@ async def create_schedule(ctx: Context, data: CreateScheduleInput) -> ScheduleOu
     output=ListSchedulesOutput,
     family=FAMILY,
     summary="This endpoint's schedules, with each one's fire count and last event.",
+    hints=READ,
 )
 async def list_schedules(ctx: Context, data: ListSchedulesInput) -> ListSchedulesOutput:
     rows = await ScheduleStore(ctx.services.pool).list(ctx.caller)
@@ -228,6 +229,7 @@ async def list_schedules(ctx: Context, data: ListSchedulesInput) -> ListSchedule
     family=FAMILY,
     summary="Delete a schedule: no further fires; past fires stay as events and todos.",
     rate_class="webhook_admin",
+    hints=Hints(destructive=True, idempotent=True),
 )
 async def delete_schedule(ctx: Context, data: DeleteScheduleInput) -> DeleteScheduleOutput:
     client = _client(ctx)

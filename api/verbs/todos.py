@@ -3,14 +3,37 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from api.verbs.registry import Context, VerbInput, verb
+from api.verbs.registry import READ, Context, Hints, VerbInput, verb
 from store.models import Todo
+from store.todos import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS
+from switchboard.metrics import CLAIMS, DEAD_LETTERS, bounded
 
 State = Literal["pending", "claimed", "done", "failed", "canceled"]
+
+TodoId = Annotated[str, Field(min_length=1, max_length=100, description="the todo's id (td_…)")]
+HeldTodoId = Annotated[
+    str, Field(min_length=1, max_length=100, description="the id of a todo this agent holds (claimed by it)")
+]
+# Longer leases are clamped to the maximum, not refused (the documented lease contract): the schema advertises
+# the maximum that takes effect, so a client that checks it never asks for more, and one that does still works.
+_Lease = Annotated[int, Field(ge=1, json_schema_extra={"maximum": MAX_LEASE_SECONDS})]
+LeaseSeconds = Annotated[
+    _Lease | None,
+    Field(
+        default=None,
+        description=(
+            f"lease length in seconds (default {DEFAULT_LEASE_SECONDS}, at most {MAX_LEASE_SECONDS};"
+            " a longer one is clamped); the todo returns to pending if the lease lapses"
+        ),
+    ),
+]
+QueueFilter = Annotated[
+    str | None, Field(default=None, description="only this queue (one of your scope queues); omitted: all of them")
+]
 
 
 class TodoOut(BaseModel):
@@ -66,9 +89,9 @@ def _full(todo: Todo) -> TodoOut:
 
 
 class ListTodosInput(VerbInput):
-    queue: str | None = None
-    state: State | None = None
-    limit: int = Field(default=50, ge=1, le=500)
+    queue: QueueFilter
+    state: State | None = Field(default=None, description="only todos in this state; omitted: every state")
+    limit: int = Field(default=50, ge=1, le=500, description="the most rows to return")
     cursor: str | None = Field(default=None, max_length=1000, description="next_cursor of the previous page")
 
 
@@ -78,17 +101,21 @@ class ListTodosOutput(BaseModel):
 
 
 class TodoIdInput(VerbInput):
-    todo_id: str = Field(min_length=1, max_length=100)
+    todo_id: TodoId
+
+
+class HeldTodoInput(VerbInput):
+    todo_id: HeldTodoId
 
 
 class ClaimInput(VerbInput):
-    todo_id: str = Field(min_length=1, max_length=100)
-    lease_seconds: int | None = Field(default=None, ge=1)
+    todo_id: Annotated[str, Field(min_length=1, max_length=100, description="the id of a pending todo")]
+    lease_seconds: LeaseSeconds
 
 
 class ClaimNextInput(VerbInput):
-    queue: str | None = None
-    lease_seconds: int | None = Field(default=None, ge=1)
+    queue: QueueFilter
+    lease_seconds: LeaseSeconds
 
 
 class ClaimNextOutput(BaseModel):
@@ -97,24 +124,33 @@ class ClaimNextOutput(BaseModel):
 
 
 class CompleteInput(VerbInput):
-    todo_id: str = Field(min_length=1, max_length=100)
-    result: Any = None
+    todo_id: HeldTodoId
+    result: Any = Field(default=None, description="any JSON value recorded on the todo as its outcome")
 
 
 class FailInput(VerbInput):
-    todo_id: str = Field(min_length=1, max_length=100)
-    error: str | None = Field(default=None, max_length=4000)
-    result: Any = None
+    todo_id: HeldTodoId
+    error: str | None = Field(default=None, max_length=4000, description="why it failed, kept as last_error")
+    result: Any = Field(default=None, description="any JSON value to record; omitted: the todo's result stays")
 
 
 class HeartbeatInput(VerbInput):
-    todo_id: str = Field(min_length=1, max_length=100)
-    lease_seconds: int | None = Field(default=None, ge=1)
+    todo_id: HeldTodoId
+    lease_seconds: Annotated[
+        _Lease | None,
+        Field(
+            default=None,
+            description=(
+                f"the new lease from now, in seconds (default {DEFAULT_LEASE_SECONDS}, at most"
+                f" {MAX_LEASE_SECONDS}; a longer one is clamped)"
+            ),
+        ),
+    ]
 
 
 class CancelInput(VerbInput):
-    todo_id: str = Field(min_length=1, max_length=100)
-    reason: str | None = Field(default=None, max_length=4000)
+    todo_id: TodoId
+    reason: str | None = Field(default=None, max_length=4000, description="why, shown on the todo (cancel_reason)")
 
 
 class TodoResult(BaseModel):
@@ -127,6 +163,7 @@ class TodoResult(BaseModel):
     output=ListTodosOutput,
     family="todos",
     summary="List todos in the endpoint's queues, newest first; pages by cursor.",
+    hints=READ,
 )
 async def list_todos(ctx: Context, data: ListTodosInput) -> ListTodosOutput:
     page = await ctx.services.todos.list(ctx.caller, data.queue, data.state, data.limit, data.cursor)
@@ -141,14 +178,24 @@ async def list_todos(ctx: Context, data: ListTodosInput) -> ListTodosOutput:
     output=TodoResult,
     family="todos",
     summary="One todo with its trace and payload.",
+    hints=READ,
 )
 async def get_todo(ctx: Context, data: TodoIdInput) -> TodoResult:
     return TodoResult(todo=_full(await ctx.services.todos.get(ctx.caller, data.todo_id)))
 
 
-@verb("claim", input=ClaimInput, output=TodoResult, family="todos", summary="Claim a pending todo with a lease.")
+@verb(
+    "claim",
+    input=ClaimInput,
+    output=TodoResult,
+    family="todos",
+    summary="Claim a pending todo with a lease.",
+    hints=Hints(idempotent=True),
+)
 async def claim(ctx: Context, data: ClaimInput) -> TodoResult:
-    return TodoResult(todo=_full(await ctx.services.todos.claim(ctx.caller, data.todo_id, data.lease_seconds)))
+    todo = await ctx.services.todos.claim(ctx.caller, data.todo_id, data.lease_seconds)
+    CLAIMS.labels(queue=bounded(todo.queue)).inc()
+    return TodoResult(todo=_full(todo))
 
 
 @verb(
@@ -160,10 +207,20 @@ async def claim(ctx: Context, data: ClaimInput) -> TodoResult:
 )
 async def claim_next(ctx: Context, data: ClaimNextInput) -> ClaimNextOutput:
     todo = await ctx.services.todos.claim_next(ctx.caller, data.queue, data.lease_seconds)
-    return ClaimNextOutput(empty=True) if todo is None else ClaimNextOutput(todo=_full(todo))
+    if todo is None:
+        return ClaimNextOutput(empty=True)
+    CLAIMS.labels(queue=bounded(todo.queue)).inc()
+    return ClaimNextOutput(todo=_full(todo))
 
 
-@verb("complete", input=CompleteInput, output=TodoResult, family="todos", summary="Mark a held todo done.")
+@verb(
+    "complete",
+    input=CompleteInput,
+    output=TodoResult,
+    family="todos",
+    summary="Mark a held todo done.",
+    hints=Hints(idempotent=True),
+)
 async def complete(ctx: Context, data: CompleteInput) -> TodoResult:
     return TodoResult(todo=_full(await ctx.services.todos.complete(ctx.caller, data.todo_id, data.result)))
 
@@ -174,9 +231,13 @@ async def complete(ctx: Context, data: CompleteInput) -> TodoResult:
     output=TodoResult,
     family="todos",
     summary="Fail a held todo: retry after backoff, or dead letter at the attempt cap.",
+    hints=Hints(idempotent=True),
 )
 async def fail(ctx: Context, data: FailInput) -> TodoResult:
-    return TodoResult(todo=_full(await ctx.services.todos.fail(ctx.caller, data.todo_id, data.error, data.result)))
+    todo = await ctx.services.todos.fail(ctx.caller, data.todo_id, data.error, data.result)
+    if todo.state == "failed" and todo.next_retry_at is None:  # at the attempt cap: a dead letter
+        DEAD_LETTERS.labels(cause="failed").inc()
+    return TodoResult(todo=_full(todo))
 
 
 @verb(
@@ -192,12 +253,13 @@ async def heartbeat(ctx: Context, data: HeartbeatInput) -> TodoResult:
 
 @verb(
     "release",
-    input=TodoIdInput,
+    input=HeldTodoInput,
     output=TodoResult,
     family="todos",
     summary="Give a held todo back to the queue.",
+    hints=Hints(idempotent=True),
 )
-async def release(ctx: Context, data: TodoIdInput) -> TodoResult:
+async def release(ctx: Context, data: HeldTodoInput) -> TodoResult:
     return TodoResult(todo=_full(await ctx.services.todos.release(ctx.caller, data.todo_id)))
 
 
@@ -207,6 +269,8 @@ async def release(ctx: Context, data: TodoIdInput) -> TodoResult:
     output=TodoResult,
     family="todos",
     summary="Put a failed todo (parked or dead-lettered) back to pending now; a dead letter gets a fresh attempt budget.",
+    # A repeat finds the todo pending and answers conflict: nothing changes twice.
+    hints=Hints(idempotent=True),
 )
 async def retry_todo(ctx: Context, data: TodoIdInput) -> TodoResult:
     return TodoResult(todo=_full(await ctx.services.todos.retry(ctx.caller, data.todo_id)))
@@ -218,6 +282,7 @@ async def retry_todo(ctx: Context, data: TodoIdInput) -> TodoResult:
     output=TodoResult,
     family="todos",
     summary="Cancel a pending or failed todo (terminal; never retried), with an optional reason.",
+    hints=Hints(destructive=True, idempotent=True),
 )
 async def cancel_todo(ctx: Context, data: CancelInput) -> TodoResult:
     return TodoResult(todo=_full(await ctx.services.todos.cancel(ctx.caller, data.todo_id, data.reason)))

@@ -7,12 +7,22 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from api.verbs.registry import Context, VerbInput, verb
+from api.verbs.registry import READ, Context, Hints, VerbInput, verb
+from routing.sources import SOURCE_TYPES
 
 
 class CreateWebhookInput(VerbInput):
-    source_type: str = Field(min_length=1, max_length=32)
-    target_queue: str = Field(min_length=1, max_length=128)
+    # The enum is advertised, not enforced here: the webhook store refuses an unknown type (invalid_argument)
+    # and a reserved one (forbidden_source_type) with their own codes.
+    source_type: str = Field(
+        min_length=1,
+        max_length=32,
+        json_schema_extra={"enum": list(SOURCE_TYPES)},
+        description="the producer: signed types get a secret; generic trusts its unguessable URL",
+    )
+    target_queue: str = Field(
+        min_length=1, max_length=128, description="the queue deliveries land on by default (within your ceiling)"
+    )
 
 
 class CreateWebhookOutput(BaseModel):
@@ -81,6 +91,7 @@ async def create_webhook(ctx: Context, data: CreateWebhookInput) -> CreateWebhoo
     output=ListWebhooksOutput,
     family="webhooks",
     summary="This endpoint's webhooks and its ceiling; never secrets.",
+    hints=READ,
 )
 async def list_webhooks(ctx: Context, data: ListWebhooksInput) -> ListWebhooksOutput:
     rows = await ctx.services.webhooks.list_for_endpoint(ctx.caller)
@@ -108,7 +119,7 @@ async def list_webhooks(ctx: Context, data: ListWebhooksInput) -> ListWebhooksOu
 
 
 class RotateWebhookInput(VerbInput):
-    webhook_id: str = Field(max_length=1000)
+    webhook_id: str = Field(max_length=1000, description="one of your webhooks (list_webhooks)")
     new_ingest_token: bool = Field(
         default=False, description="also replace the ingest URL (always replaced for token-trust webhooks)"
     )
@@ -122,7 +133,7 @@ class RotateWebhookOutput(BaseModel):
 
 
 class DeleteWebhookInput(VerbInput):
-    webhook_id: str = Field(max_length=1000)
+    webhook_id: str = Field(max_length=1000, description="one of your webhooks (list_webhooks)")
 
 
 class DeleteWebhookOutput(BaseModel):
@@ -137,6 +148,7 @@ class DeleteWebhookOutput(BaseModel):
     family="webhooks",
     summary="Mint a new signing secret (shown once; the old one stops verifying at once), optionally a new URL.",
     rate_class="webhook_admin",
+    hints=Hints(destructive=True),
 )
 async def rotate_webhook(ctx: Context, data: RotateWebhookInput) -> RotateWebhookOutput:
     made: dict[str, Any] = await ctx.services.webhooks.rotate(
@@ -157,6 +169,7 @@ async def rotate_webhook(ctx: Context, data: RotateWebhookInput) -> RotateWebhoo
     family="webhooks",
     summary="Tear a webhook down: its URL answers 404, its routes go, its ceiling slot frees; a repeat is not_found.",
     rate_class="webhook_admin",
+    hints=Hints(destructive=True, idempotent=True),
 )
 async def delete_webhook(ctx: Context, data: DeleteWebhookInput) -> DeleteWebhookOutput:
     await ctx.services.webhooks.delete(ctx.caller, data.webhook_id)

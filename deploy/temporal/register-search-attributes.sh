@@ -21,6 +21,8 @@ ATTRIBUTES=(
   SwitchboardKind
   SwitchboardDecision
   SwitchboardRuleId
+  SwitchboardDeliveryId
+  SwitchboardEventId
   SwitchboardRerouteOf
 )
 
@@ -30,7 +32,7 @@ list_attributes() {
   temporal operator search-attribute list --namespace "$TEMPORAL_NAMESPACE" 2>&1
 }
 
-# The namespace is created asynchronously by auto-setup after the server reports healthy; wait for it.
+# The namespace may still be on its way (setup-namespace.sh, or an operator creating it); wait for it.
 deadline=$((SECONDS + WAIT_SECONDS))
 until temporal operator namespace describe --namespace "$TEMPORAL_NAMESPACE" > /dev/null 2>&1; do
   if (( SECONDS >= deadline )); then

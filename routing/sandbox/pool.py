@@ -14,7 +14,7 @@ import asyncio
 import logging
 import sys
 from collections import OrderedDict, deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -43,8 +43,12 @@ class SandboxPool:
         hard_deadline: float = 2.0,
         memory_limit: int = 128 * 1024 * 1024,
         acquire_timeout: float = 1.0,
+        observer: Callable[[str], None] | None = None,
     ) -> None:
         self._max_children = max_children
+        # Told "busy" (no slot in time) and why each child was killed or lost mid-request: the metrics hook
+        # (switchboard/metrics.py sandbox_observer), kept out of this package so routing/ imports no exporter.
+        self._observer = observer
         self._rule_timeout = rule_timeout
         self._event_budget = event_budget
         self._hard_deadline = hard_deadline
@@ -92,6 +96,7 @@ class SandboxPool:
             async with asyncio.timeout(self._acquire_timeout):
                 await self._slots.acquire()
         except TimeoutError:
+            self._note("busy")
             return Evaluation(
                 faults=[
                     Fault(
@@ -161,6 +166,8 @@ class SandboxPool:
             # Replaced after this delivery: a child starting now would compete with the spare for CPU.
             self._discard(child, replace=False)
             replacements += 1
+            if run.ending != "gone":
+                self._note(run.ending)
             stopped = run.stopped_at
             if run.ending == "timeout":
                 faults.append(rule_fault(stopped, rule_ids, "timeout", run.detail))
@@ -204,6 +211,7 @@ class SandboxPool:
             async with asyncio.timeout(self._acquire_timeout):
                 await self._slots.acquire()
         except TimeoutError:
+            self._note("busy")
             raise CompileCheckUnavailable(f"no sandbox slot within {self._acquire_timeout * 1000:.0f} ms") from None
         try:
             await self._check_in_slot(list(exprs), verdicts)
@@ -251,6 +259,7 @@ class SandboxPool:
             replacements += 1
             if run.ending == "gone":
                 continue
+            self._note(run.ending)
             if run.ending == "violation":
                 unchecked = f"expression could not be compile-checked: sandbox failure ({run.detail})"
                 verdicts[index:] = [unchecked] * (len(exprs) - index)
@@ -260,6 +269,13 @@ class SandboxPool:
             if culprit < len(exprs):
                 verdicts[culprit] = COMPILE_LIMIT
             index = culprit + 1
+
+    def _note(self, event: str) -> None:
+        if self._observer is not None:
+            try:
+                self._observer(event)
+            except Exception:  # a metrics hook never changes an evaluation's outcome
+                log.exception("sandbox observer failed")
 
     def _remember(self, exprs: list[object]) -> None:
         if all(isinstance(expr, str) for expr in exprs):

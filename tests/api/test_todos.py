@@ -184,6 +184,25 @@ async def test_bad_input_gets_invalid_argument(stack: Stack) -> None:
     assert resp.status_code == 413
 
 
+async def test_a_refused_transition_names_the_todo_state(stack: Stack) -> None:
+    agent = await stack.agent()
+    [todo_id] = seed_todos(stack, agent.endpoint_id, 1)
+    resp = await agent.call("complete", {"todo_id": todo_id})
+    assert resp.status_code == 409 and resp.json()["error"] == {
+        "code": "conflict",
+        "message": "todo is pending, not claimed",
+    }
+    await agent.ok("claim", {"todo_id": todo_id})
+    await agent.ok("complete", {"todo_id": todo_id})
+    for verb in ("complete", "fail", "heartbeat", "release"):
+        resp = await agent.call(verb, {"todo_id": todo_id})
+        assert resp.status_code == 409, verb
+        assert resp.json()["error"] == {"code": "conflict", "message": "todo is done, not claimed"}, verb
+    resp = await agent.call("claim", {"todo_id": todo_id})
+    assert resp.status_code == 409 and resp.json()["error"]["message"] == "todo is done, not pending"
+    assert stack.sql("SELECT state FROM todos WHERE id = %s", todo_id)[0][0] == "done"
+
+
 def _state(stack: Stack, todo_id: str) -> tuple[Any, ...]:
     return stack.sql("SELECT state, attempt, next_retry_at IS NULL, owner FROM todos WHERE id = %s", todo_id)[0]
 

@@ -122,7 +122,9 @@ async def test_runaway_rule_is_killed_and_the_next_rule_decides(pool: SandboxPoo
     elapsed = time.perf_counter() - started
     assert result.matched_index == 1
     assert causes(result) == [(0, "timeout")]
-    assert elapsed < 0.5
+    # The 50 ms budget is CPU time; on a loaded machine the wall clock runs longer, up to the per-rule safety
+    # bound (20x the timeout). What must hold is that the runaway never waits out the 2 s hard deadline.
+    assert elapsed < 1.5
 
 
 @pytest.mark.parametrize(
@@ -150,7 +152,9 @@ async def test_event_budget_exhaustion_is_recorded_per_rule() -> None:
 
 
 async def test_a_delivery_without_a_slot_gets_sandbox_busy() -> None:
-    sandbox = SandboxPool(max_children=1, rule_timeout=0.5, event_budget=1.0, acquire_timeout=0.02)
+    # The holder needs only to outlast the busy attempt; a small CPU budget keeps it a timeout (not the 2 s hard
+    # deadline's sandbox_failure) even when a loaded machine gives the child little CPU.
+    sandbox = SandboxPool(max_children=1, rule_timeout=0.2, event_budget=0.4, acquire_timeout=0.02)
     try:
         holder = asyncio.create_task(sandbox.evaluate(rules("def f: f; f"), None, ENVELOPE))
         await asyncio.sleep(0.05)

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from psycopg.types.json import Jsonb
-from temporalio.client import Client, ScheduleActionStartWorkflow, ScheduleOverlapPolicy
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleIntervalSpec,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleSpec,
+    ScheduleState,
+    ScheduleUpdate,
+)
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -159,22 +170,29 @@ async def test_worker_start_creates_both_upkeep_schedules_idempotently(
     ids = schedule_ids(task_queue)
     try:
         async with running_worker(settings):
+            # The reaper starts hourly, and each run reaps every 30 s (ReapTodos loops): same reap pace, 24 runs
+            # a day in the workflow list instead of 2,880. A late run is followed at once, never skipped.
             expected = {
-                ids["ReapTodos"]: ("ReapTodos", timedelta(seconds=30)),
-                ids["PruneRetention"]: ("PruneRetention", timedelta(hours=1)),
+                ids["ReapTodos"]: ("ReapTodos", timedelta(hours=1), ScheduleOverlapPolicy.BUFFER_ONE),
+                ids["PruneRetention"]: ("PruneRetention", timedelta(hours=1), ScheduleOverlapPolicy.SKIP),
             }
-            for schedule_id, (workflow, every) in expected.items():
+            for schedule_id, (workflow, every, overlap) in expected.items():
                 desc = await client.get_schedule_handle(schedule_id).describe()
                 action = desc.schedule.action
                 assert isinstance(action, ScheduleActionStartWorkflow)
                 assert action.workflow == workflow and action.task_queue == task_queue
                 assert [i.every for i in desc.schedule.spec.intervals] == [every]
-                assert desc.schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
+                assert desc.schedule.policy.overlap == overlap
+            reaper = await client.get_schedule_handle(ids["ReapTodos"]).describe()
+            assert isinstance(reaper.schedule.action, ScheduleActionStartWorkflow)
+            (args,) = reaper.schedule.action.args
+            data = pydantic_data_converter.payload_converter.from_payload(args, UpkeepInput)  # type: ignore[arg-type]
+            assert data.rounds * data.every_seconds == 3600 and data.every_seconds == 30
 
             # A second start (another worker process, a restart) leaves the schedules as they are.
             await ensure_schedules(client, task_queue)
             await ensure_schedules(client, task_queue)
-            for schedule_id, (workflow, _) in expected.items():
+            for schedule_id, (workflow, _, _) in expected.items():
                 desc = await client.get_schedule_handle(schedule_id).describe()
                 assert isinstance(desc.schedule.action, ScheduleActionStartWorkflow)
                 assert desc.schedule.action.workflow == workflow
@@ -188,5 +206,67 @@ async def test_worker_start_creates_both_upkeep_schedules_idempotently(
                 return _remaining(stack) == KEPT
 
             await eventually(pruned)
+    finally:
+        await _delete_schedules(client, task_queue)
+
+
+async def test_a_looping_reaper_run_reaps_every_round_and_replays(stack: Stack) -> None:
+    """One ReapTodos run reaps each round: a lease that expires after its first reap is requeued by a later one."""
+    handle = await stack.temporal.start_workflow(
+        ReapTodos.run,
+        UpkeepInput(rounds=4, every_seconds=1.0),
+        id=f"reap-loop-{uuid.uuid4().hex[:8]}",
+        task_queue=stack.settings.task_queue,
+    )
+
+    async def first_reap_done() -> bool:
+        history = await handle.fetch_history()
+        return any(e.HasField("activity_task_completed_event_attributes") for e in history.events)
+
+    await eventually(first_reap_done)
+    expired = datetime.now(UTC) - timedelta(minutes=5)
+    _todo(stack, "lease_lapsed", "claimed", timedelta(minutes=10), lease_expires_at=expired, owner="agent:ag_x")
+    result = await handle.result()
+    assert result.requeued == 1
+    assert stack.sql("SELECT state, owner FROM todos WHERE id = 'td_lease_lapsed'") == [("pending", None)]
+    history = await handle.fetch_history()
+    reaps = [e for e in history.events if e.HasField("activity_task_scheduled_event_attributes")]
+    assert len(reaps) == 4
+    replayer = Replayer(workflows=[ReapTodos], data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(history)
+
+
+async def test_an_earlier_releases_30s_reaper_schedule_is_moved_to_the_looping_one(
+    tmp_path: Path, database_url: str, temporal_env: WorkflowEnvironment
+) -> None:
+    client = temporal_env.client
+    task_queue = f"tq-{uuid.uuid4().hex[:10]}"
+    ids = schedule_ids(task_queue)
+    legacy = Schedule(
+        action=ScheduleActionStartWorkflow(
+            "ReapTodos", UpkeepInput(), id=f"{ids['ReapTodos']}-run", task_queue=task_queue
+        ),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(seconds=30))]),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=timedelta(minutes=1)),
+        state=ScheduleState(paused=True),
+    )
+    try:
+        await client.create_schedule(ids["ReapTodos"], legacy)
+        await ensure_schedules(client, task_queue)
+        desc = await client.get_schedule_handle(ids["ReapTodos"]).describe()
+        assert [i.every for i in desc.schedule.spec.intervals] == [timedelta(hours=1)]
+        assert desc.schedule.policy.overlap == ScheduleOverlapPolicy.BUFFER_ONE
+        # An operator's own interval is left as configured.
+        await client.get_schedule_handle(ids["ReapTodos"]).update(
+            lambda update: ScheduleUpdate(
+                schedule=dataclasses.replace(
+                    update.description.schedule,
+                    spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(minutes=5))]),
+                )
+            )
+        )
+        await ensure_schedules(client, task_queue)
+        desc = await client.get_schedule_handle(ids["ReapTodos"]).describe()
+        assert [i.every for i in desc.schedule.spec.intervals] == [timedelta(minutes=5)]
     finally:
         await _delete_schedules(client, task_queue)
