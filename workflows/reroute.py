@@ -35,9 +35,9 @@ def reroute_workflow_id(event_id: str, nonce: str) -> str:
     return f"reroute-{event_id}-{nonce}"
 
 
-def batch_workflow_id(webhook_id: str, nonce: str) -> str:
-    """The RerouteEvents run of one bulk re-route of a webhook's events."""
-    return f"reroute-batch-{webhook_id}-{nonce}"
+def batch_workflow_id(webhook_id: str) -> str:
+    """The RerouteEvents workflow of a webhook: one bulk re-route runs at a time (each run has its own batch)."""
+    return f"reroute-batch-{webhook_id}"
 
 
 def reroute_start(delivery: DeliveryInput) -> tuple[TypedSearchAttributes, str, str]:

@@ -21,10 +21,16 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowQueryFailedError,
 )
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from api.verbs.registry import Context, VerbInput, verb
+from api.verbs.registry import READ, Context, Hints, VerbInput, verb
 from api.verbs.rules import history_of, sandbox_of
 from routing.delivery import CommitResult
 from routing.models import EventDisposition, Grant
@@ -83,10 +89,10 @@ class RerouteEventOutput(BaseModel):
 
 
 class RerouteEventsVerbInput(VerbInput):
-    webhook_id: str = Field(min_length=1, max_length=128)
+    webhook_id: str = Field(min_length=1, max_length=128, description="one of your human's webhooks (wh_…)")
     disposition: EventDisposition | None = Field(default=None, description="the delivery's current disposition")
     rule_id: str | None = Field(default=None, max_length=64, description="the rule that decided its current outcome")
-    kind: str | None = Field(default=None, max_length=256)
+    kind: str | None = Field(default=None, max_length=256, description="only deliveries of this kind (event type)")
     since: datetime | None = Field(default=None, description="received at or after this instant")
     until: datetime | None = Field(default=None, description="received before this instant")
     limit: int = Field(default=50, ge=1, le=REROUTE_MAX, description="most recent matching deliveries")
@@ -110,7 +116,9 @@ class RerouteEventsOutput(BaseModel):
 
 
 class GetRerouteInput(VerbInput):
-    workflow_id: str = Field(min_length=1, max_length=300)
+    workflow_id: str = Field(
+        min_length=1, max_length=300, description="the workflow_id a reroute_webhook_event(s) answer gave"
+    )
 
 
 class GetRerouteOutput(BaseModel):
@@ -151,6 +159,10 @@ async def _started(start: Any) -> Any:
     """A Temporal start, its outage answered as unavailable (nothing was re-routed)."""
     try:
         return await start
+    except WorkflowAlreadyStartedError as exc:
+        raise Conflict(
+            f"a bulk re-route of this webhook is still running (workflow_id {exc.workflow_id}); poll get_reroute"
+        ) from None
     except RPCError as exc:
         if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
             raise DomainError("Temporal is unavailable, retry later", code="unavailable") from exc
@@ -237,6 +249,8 @@ async def reroute_webhook_event(ctx: Context, data: RerouteEventInput) -> Rerout
     family=FAMILY,
     summary="Re-route the webhook's matching events whose decision changed (one workflow, bounded rate); or dry-run.",
     rate_class="authoring",
+    # Once it ended, a repeat finds nothing changed and starts nothing; while it runs, a repeat is a conflict.
+    hints=Hints(idempotent=True),
 )
 async def reroute_webhook_events(ctx: Context, data: RerouteEventsVerbInput) -> RerouteEventsOutput:
     history = history_of(ctx)
@@ -266,7 +280,7 @@ async def reroute_webhook_events(ctx: Context, data: RerouteEventsVerbInput) -> 
         return answer
     settings = ctx.services.settings
     nonce = secrets.token_hex(8)
-    workflow_id = batch_workflow_id(data.webhook_id, nonce)
+    workflow_id = batch_workflow_id(data.webhook_id)
     attrs = TypedSearchAttributes(
         [SearchAttributePair(search.WEBHOOK_ID, data.webhook_id), SearchAttributePair(search.SOURCE, grant.source)]
     )
@@ -286,7 +300,10 @@ async def reroute_webhook_events(ctx: Context, data: RerouteEventsVerbInput) -> 
             ),
             id=workflow_id,
             task_queue=settings.task_queue,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            # One bulk re-route of a webhook at a time: a second one planned while the first runs would re-route
+            # the deliveries the first has not reached yet (FAIL is the conflict policy's default).
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
             search_attributes=attrs,
             static_summary=f"re-route {len(changed)} of {len(rows)} events of {data.webhook_id}",
             rpc_timeout=timedelta(seconds=settings.temporal_start_timeout_seconds),
@@ -327,6 +344,7 @@ async def _progress(handle: WorkflowHandle[Any, Any]) -> RerouteProgress | None:
     output=GetRerouteOutput,
     family=FAMILY,
     summary="How a re-route (reroute_webhook_event or reroute_webhook_events) is going, or how it ended.",
+    hints=READ,
 )
 async def get_reroute(ctx: Context, data: GetRerouteInput) -> GetRerouteOutput:
     client = _temporal(ctx)

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
+from routing.reroute import RerouteEventsInput
 from switchboard.cli import build_parser
 from switchboard.settings import Settings
 from tests.conftest import Agent, Stack
 from tests.helpers import eventually, issue_payload, post_github
+from workflows.reroute import RerouteEvents, batch_workflow_id
 
 DROP_ISSUES = {"id": "drop-issues", "expr": '.kind == "issues"', "action": {"drop": True}}
 DROP_PUSH = {"id": "drop-push", "expr": '.kind == "push"', "action": {"drop": True}}
@@ -268,7 +270,7 @@ async def test_bulk_answers_running_and_get_reroute_polls_it_to_the_end(stack: S
     agent = await stack.agent()
     webhook, dropped, _ = await _mixed(stack, agent)
     started = await agent.ok("reroute_webhook_events", {"webhook_id": webhook["webhook_id"], "wait_seconds": 0})
-    assert started["status"] == "running" and started["workflow_id"].startswith("reroute-batch-")
+    assert started["status"] == "running" and started["workflow_id"] == f"reroute-batch-{webhook['webhook_id']}"
 
     async def finished() -> dict[str, Any] | None:
         got = await agent.ok("get_reroute", {"workflow_id": started["workflow_id"]})
@@ -331,3 +333,25 @@ async def test_the_cli_wraps_the_reroute_and_todo_verbs(live_stack: Stack, capsy
     stack.sql("UPDATE todos SET state = 'failed', attempt = 5, next_retry_at = NULL WHERE id = %s", todo_id)
     code, retried = await run("todos", "retry", todo_id)
     assert code == 0 and retried["todo"]["state"] == "pending" and retried["todo"]["attempt"] == 0
+
+
+async def test_one_bulk_reroute_of_a_webhook_runs_at_a_time(stack: Stack) -> None:
+    agent = await stack.agent()
+    webhook, dropped, _ = await _mixed(stack, agent)
+    wid = webhook["webhook_id"]
+    # A slow bulk re-route of the first two (one start every 5 s) holds the webhook's bulk workflow id.
+    slow = await stack.temporal.start_workflow(
+        RerouteEvents.run,
+        RerouteEventsInput(webhook_id=wid, event_ids=dropped[:2], batch="slow", starts_per_second=0.2),
+        id=batch_workflow_id(wid),
+        task_queue=stack.settings.task_queue,
+    )
+    # A second one now would re-route what the first has not reached yet: refused, naming the running one.
+    resp = await agent.call("reroute_webhook_events", {"webhook_id": wid, "wait_seconds": 0})
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "conflict"
+    assert batch_workflow_id(wid) in resp.json()["error"]["message"]
+    assert (await slow.result()).created == 2
+    # Once it ended, the next bulk re-route runs under the same id and finds only the third still dropped.
+    after = await agent.ok("reroute_webhook_events", {"webhook_id": wid, "wait_seconds": 60})
+    assert after["changed"] == 1 and after["status"] == "completed" and after["created"] == 1
+    assert [r["event_id"] for r in after["progress"]["results"]] == [dropped[2]]

@@ -296,7 +296,7 @@ async def test_record_bulk_reroute_continued_as_new(stack: Stack) -> None:
     handle: WorkflowHandle[Any, RerouteProgress] = await stack.temporal.start_workflow(
         RerouteEvents.run,
         RerouteEventsInput(webhook_id=wid, event_ids=events, batch=nonce, per_run=2, starts_per_second=2),
-        id=batch_workflow_id(wid, nonce),
+        id=batch_workflow_id(wid),
         task_queue=stack.settings.task_queue,
     )
     result = await handle.result()
