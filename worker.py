@@ -14,6 +14,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities.reroute import RerouteActivities
 from activities.route import RouteActivities
 from activities.schedules import ScheduleActivities
 from activities.upkeep import UpkeepActivities
@@ -24,13 +25,14 @@ from runtime.schedules import ensure_schedules
 from store.db import Pool
 from switchboard.metrics import listening
 from switchboard.settings import Settings
+from workflows.reroute import RerouteEvents
 from workflows.route_delivery import RouteDelivery, evaluate_task_queue
 from workflows.schedules import FireSchedule
 from workflows.upkeep import PruneRetention, ReapTodos
 
 log = logging.getLogger("switchboard.worker")
 
-WORKFLOWS: list[type] = [RouteDelivery, ReapTodos, PruneRetention, FireSchedule]
+WORKFLOWS: list[type] = [RouteDelivery, ReapTodos, PruneRetention, FireSchedule, RerouteEvents]
 
 LIVENESS_FILE = "worker.alive"
 LIVENESS_PERIOD = 10.0
@@ -76,6 +78,7 @@ def build_worker(
     route = RouteActivities(stores.webhooks, stores.deliveries, sandbox, commit_delay=commit_delay)
     upkeep = UpkeepActivities(stores.todos, stores.events)
     schedules = ScheduleActivities(stores.schedules)
+    reroute = RerouteActivities(stores.events)
     main = Worker(
         client,
         task_queue=queue,
@@ -91,6 +94,7 @@ def build_worker(
             upkeep.prune_retention,
             schedules.prepare_fire,
             schedules.record_fire,
+            reroute.load_reroute,
         ],
         max_concurrent_activities=50,
         max_concurrent_local_activities=50,

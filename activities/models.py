@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from routing.delivery import DeliveryInput
 from routing.models import Grant
 
 
@@ -32,3 +33,19 @@ class UpkeepResult(BaseModel):
     retried: int = 0
     events_pruned: int = 0
     todos_pruned: int = 0
+
+
+class LoadRerouteInput(BaseModel):
+    """One original event of a bulk re-route, and what its RouteDelivery input needs besides the stored row."""
+
+    webhook_id: str
+    event_id: str
+    batch: str
+    evaluate_locally: bool = False
+    evaluate_queue_seconds: float = 120.0
+
+
+class LoadRerouteResult(BaseModel):
+    """The re-route's RouteDelivery input, or None when retention pruned the event since it was chosen."""
+
+    delivery: DeliveryInput | None = None

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -126,11 +127,28 @@ def load_pack(pack: str, params_file: str | None = None, params: list[str] | Non
     return body
 
 
-def cmd_rules_install(settings: Settings, args: argparse.Namespace) -> int:
+def _agent(settings: Settings, args: argparse.Namespace, verb: str, body: dict[str, Any]) -> tuple[int, Any]:
+    """POST one agent verb with the owner's credential: (exit code, answer), the answer printed unless asked not."""
     credential = args.credential or os.environ.get("SWITCHBOARD_CREDENTIAL")
     if not credential:
         print("give --credential sbk_… or set SWITCHBOARD_CREDENTIAL", file=sys.stderr)
-        return 2
+        return 2, None
+    base = (args.url or settings.base_url()).rstrip("/")
+    try:
+        resp = httpx.post(f"{base}/v1/{verb}", json=body, headers={"Authorization": f"Bearer {credential}"}, timeout=90)
+    except httpx.HTTPError as exc:
+        print(f"cannot reach {base}: {exc}", file=sys.stderr)
+        return 2, None
+    return (0 if resp.status_code < 400 else 1), resp.json()
+
+
+def _printed(code: int, answer: Any) -> int:
+    if answer is not None:
+        print(json.dumps(answer, indent=2))
+    return code
+
+
+def cmd_rules_install(settings: Settings, args: argparse.Namespace) -> int:
     try:
         body = load_pack(args.pack, args.params_file, args.param)
     except (OSError, ValueError) as exc:
@@ -139,19 +157,55 @@ def cmd_rules_install(settings: Settings, args: argparse.Namespace) -> int:
     if "REPLACE-" in json.dumps(body.get("params")):
         # Placeholders match no real login, so the pack fails closed; say so rather than install silently.
         print("warning: params still hold REPLACE-… placeholders; the pack will fail closed", file=sys.stderr)
-    base = (args.url or settings.base_url()).rstrip("/")
-    try:
-        resp = httpx.post(
-            f"{base}/v1/set_webhook_rules",
-            json={"webhook_id": args.webhook_id, **body},
-            headers={"Authorization": f"Bearer {credential}"},
-            timeout=30,
-        )
-    except httpx.HTTPError as exc:
-        print(f"cannot reach {base}: {exc}", file=sys.stderr)
+    return _printed(*_agent(settings, args, "set_webhook_rules", {"webhook_id": args.webhook_id, **body}))
+
+
+def cmd_todos_retry(settings: Settings, args: argparse.Namespace) -> int:
+    return _printed(*_agent(settings, args, "retry_todo", {"todo_id": args.todo_id}))
+
+
+def cmd_todos_cancel(settings: Settings, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"todo_id": args.todo_id}
+    if args.reason is not None:
+        body["reason"] = args.reason
+    return _printed(*_agent(settings, args, "cancel_todo", body))
+
+
+REROUTE_POLL_SECONDS = 1.0
+
+
+def cmd_events_reroute(settings: Settings, args: argparse.Namespace) -> int:
+    """reroute_webhook_event (EVENT_ID) or reroute_webhook_events (--webhook), then get_reroute until it ends."""
+    if (args.event_id is None) == (args.webhook_id is None):
+        print("give an EVENT_ID, or --webhook wh_… with filters for a bulk re-route", file=sys.stderr)
         return 2
-    print(json.dumps(resp.json(), indent=2))
-    return 0 if resp.status_code < 400 else 1
+    if args.event_id is not None:
+        verb, body = "reroute_webhook_event", {"event_id": args.event_id, "dry_run": args.dry_run}
+    else:
+        filters = {k: getattr(args, k) for k in ("disposition", "rule_id", "kind", "since", "until", "limit")}
+        body = {"webhook_id": args.webhook_id, "dry_run": args.dry_run, **{k: v for k, v in filters.items() if v}}
+        verb = "reroute_webhook_events"
+    code, answer = _agent(settings, args, verb, body)
+    running = isinstance(answer, dict) and (answer.get("pending") or answer.get("status") == "running")
+    if code != 0 or not running or args.no_wait:
+        return _printed(code, answer)
+    assert isinstance(answer, dict)
+    print(f"re-route {answer['workflow_id']} is running; waiting for it (Ctrl-C stops waiting, not the re-route)")
+    while True:
+        time.sleep(REROUTE_POLL_SECONDS)
+        code, polled = _agent(settings, args, "get_reroute", {"workflow_id": answer["workflow_id"]})
+        if code != 0 or not isinstance(polled, dict) or polled.get("status") != "running":
+            return _printed(code, polled)
+
+
+def cmd_events_get_reroute(settings: Settings, args: argparse.Namespace) -> int:
+    return _printed(*_agent(settings, args, "get_reroute", {"workflow_id": args.workflow_id}))
+
+
+def _owner_options(parser: argparse.ArgumentParser) -> None:
+    """The flags of a command that calls an agent verb as the webhook's (or todo's) owner."""
+    parser.add_argument("--credential", default=None, help="the owner's sbk_… (default: $SWITCHBOARD_CREDENTIAL)")
+    parser.add_argument("--url", default=None, help="API base URL (default: SWITCHBOARD_PUBLIC_URL)")
 
 
 def _add_argument(parser: argparse.ArgumentParser, arg: CliArg) -> None:
@@ -216,9 +270,43 @@ def build_parser() -> argparse.ArgumentParser:
     ri.add_argument(
         "--param", action="append", default=[], metavar="KEY=VALUE", help="set one param (VALUE as JSON, else text)"
     )
-    ri.add_argument("--credential", default=None, help="the owner's sbk_… (default: $SWITCHBOARD_CREDENTIAL)")
-    ri.add_argument("--url", default=None, help="API base URL (default: SWITCHBOARD_PUBLIC_URL)")
+    _owner_options(ri)
     ri.set_defaults(fn=cmd_rules_install)
+
+    todos = sub.add_parser("todos", help="todos (as their endpoint)").add_subparsers(dest="action", required=True)
+    tr = todos.add_parser("retry", help="retry_todo: a failed todo back to pending now (a dead letter: fresh budget)")
+    tr.add_argument("todo_id")
+    _owner_options(tr)
+    tr.set_defaults(fn=cmd_todos_retry)
+    tc = todos.add_parser("cancel", help="cancel_todo: a pending or failed todo to canceled")
+    tc.add_argument("todo_id")
+    tc.add_argument("--reason", default=None)
+    _owner_options(tc)
+    tc.set_defaults(fn=cmd_todos_cancel)
+
+    events = sub.add_parser("events", help="event history (as the webhooks' owner)").add_subparsers(
+        dest="action", required=True
+    )
+    er = events.add_parser(
+        "reroute",
+        help="route stored events again with the webhook's current rules: one EVENT_ID, or --webhook with filters",
+    )
+    er.add_argument("event_id", nargs="?", default=None, help="reroute_webhook_event: this event")
+    er.add_argument("--webhook", dest="webhook_id", default=None, help="reroute_webhook_events: this webhook's")
+    er.add_argument("--disposition", choices=["routed", "dropped", "repeat", "faulted"], default=None)
+    er.add_argument("--rule-id", default=None, help="the rule that decided the current outcome")
+    er.add_argument("--kind", default=None)
+    er.add_argument("--since", default=None, help="received at or after (ISO 8601)")
+    er.add_argument("--until", default=None, help="received before (ISO 8601)")
+    er.add_argument("--limit", type=int, default=None, help="most recent matching deliveries (≤ 200, default 50)")
+    er.add_argument("--dry-run", action="store_true", help="answer the plan; write nothing")
+    er.add_argument("--no-wait", action="store_true", help="answer at once; poll with `switchboard events get-reroute`")
+    _owner_options(er)
+    er.set_defaults(fn=cmd_events_reroute)
+    eg = events.add_parser("get-reroute", help="get_reroute: how a re-route is going, or how it ended")
+    eg.add_argument("workflow_id")
+    _owner_options(eg)
+    eg.set_defaults(fn=cmd_events_get_reroute)
     return p
 
 

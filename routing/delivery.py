@@ -74,10 +74,19 @@ class DeliveryInput(BaseModel):
     # How long the evaluation may wait in Temporal for a free evaluate worker slot before it faults as
     # sandbox_busy (SWITCHBOARD_EVALUATE_QUEUE_SECONDS); a flood queues within this bound instead of faulting.
     evaluate_queue_seconds: float = 120.0
+    # A re-route (reroute_webhook_event/s): the original event this routes again. The new event row has a dedup
+    # slot of its own (external_id carries the re-route's mark), while its todos keep the original delivery's
+    # idempotency key, so one delivery never holds two live todos on one endpoint (todos_live_idem_idx).
+    reroute_of: str | None = None
+    idempotency_key: str | None = None
 
     def body(self) -> bytes:
         """The raw body, exactly as received."""
         return base64.b64decode(self.body_b64)
+
+    def todo_key(self) -> str:
+        """The idempotency key of the todos this delivery mints: the delivery's own, also when re-routed."""
+        return self.idempotency_key or self.external_id
 
     def envelope(self) -> dict[str, Any]:
         """The routing envelope of this delivery, as rules, dry-run and backtest see it."""

@@ -28,11 +28,11 @@ WHERE endpoint_id = %s AND source = %s AND external_id = %s
 _INSERT_EVENT = """
 INSERT INTO events (id, webhook_id, endpoint_id, source, kind, external_id, trust_mode, verified,
                     verify_detail, content_type, headers, payload, payload_size, source_ip, received_at,
-                    routing_trace, disposition, workflow_id, workflow_run_id, todo_ids)
+                    routing_trace, disposition, workflow_id, workflow_run_id, todo_ids, reroute_of)
 VALUES (%(id)s, %(webhook_id)s, %(endpoint_id)s, %(source)s, %(kind)s, %(external_id)s, %(trust_mode)s,
         %(verified)s, %(verify_detail)s, %(content_type)s, %(headers)s, %(payload)s, %(payload_size)s,
         %(source_ip)s, %(received_at)s, %(routing_trace)s, %(disposition)s, %(workflow_id)s, %(workflow_run_id)s,
-        %(todo_ids)s)
+        %(todo_ids)s, %(reroute_of)s)
 ON CONFLICT (endpoint_id, source, external_id) DO NOTHING
 RETURNING id
 """
@@ -160,7 +160,15 @@ def _event_row(
         "workflow_id": workflow_id,
         "workflow_run_id": run_id,
         "todo_ids": todo_ids,
+        "reroute_of": d.reroute_of,
     }
+
+
+def _traced(trace: dict[str, Any], d: DeliveryInput) -> dict[str, Any]:
+    """The trace stored on the event and its todos; a re-route names the event it routed again."""
+    if d.reroute_of:
+        trace["reroute_of"] = d.reroute_of
+    return trace
 
 
 class DeliveryStore:
@@ -175,7 +183,7 @@ class DeliveryStore:
         d, decision = data.delivery, data.decision
         base: dict[str, Any] = {"verified": d.verified, "trust_mode": d.trust_mode}
         event_id = new_id("ev")
-        trace = dict(decision.trace)
+        trace = _traced(dict(decision.trace), d)
         rule_id = trace.get("rule_id")
         disposition = decision.disposition
         body = d.body()
@@ -267,6 +275,7 @@ class DeliveryStore:
         }
         if data.faults:
             trace["faults"] = data.faults
+        trace = _traced(trace, d)
         event_id = new_id("ev")
         row = _event_row(d, event_id, trace, "faulted", data.workflow_id, [], d.body(), storable=True)
         try:
@@ -313,7 +322,7 @@ class DeliveryStore:
                 "title": title,
                 "payload": _jsonb_payload(parsed, body, lossy),
                 "event_id": event_id,
-                "idempotency_key": d.external_id,
+                "idempotency_key": d.todo_key(),
                 "routing_trace": Jsonb(trace),
                 "work_order": Jsonb(decision.work_order) if decision.work_order else None,
                 "subject_key": decision.subject_key if decision.coalesce else None,
@@ -327,7 +336,7 @@ class DeliveryStore:
                 refs.append(TodoRef(id=todo_id, endpoint_id=endpoint_id, queue=queue, created=True))
                 continue
             # A live todo with this idempotency key already exists on the endpoint: report it, mint nothing.
-            cur = await conn.execute(_FIND_LIVE_TODO, (endpoint_id, d.external_id))
+            cur = await conn.execute(_FIND_LIVE_TODO, (endpoint_id, d.todo_key()))
             row = await cur.fetchone()
             if row is not None:
                 refs.append(TodoRef(id=row["id"], endpoint_id=endpoint_id, queue=queue, created=False))

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from routing.models import EventDisposition
 from routing.replay import StoredEvent, StoredTodo
+from routing.reroute import StoredDelivery
 from store.db import Pool
 from store.errors import InvalidArgument, NotFound, translates_errors
 from store.models import Caller
@@ -24,7 +25,7 @@ PRUNE_BATCH = 5000
 
 _SUMMARY_COLUMNS = (
     "ev.id, ev.source, ev.kind, ev.trust_mode, ev.verified, ev.payload_size, ev.received_at, ev.webhook_id,"
-    " ev.disposition, ev.routing_trace AS routing, ev.todo_ids"
+    " ev.disposition, ev.routing_trace AS routing, ev.todo_ids, ev.reroute_of"
 )
 
 # Visibility is by the webhook's owner, whatever became of the webhook since: a deleted webhook's history
@@ -36,16 +37,39 @@ JOIN agents a ON a.id = e.agent_id AND a.owner_human_id = %(human)s
 """
 
 # Newest first, keyset on (received_at, id): a page never repeats or skips a row however many arrive meanwhile.
-_LIST = f"""
-SELECT {_SUMMARY_COLUMNS}
-FROM events ev {_OWNED}
-WHERE (%(webhook)s::text IS NULL OR ev.webhook_id = %(webhook)s)
+_FILTERS = """
+  AND (%(webhook)s::text IS NULL OR ev.webhook_id = %(webhook)s)
   AND (%(kind)s::text IS NULL OR ev.kind = %(kind)s)
   AND (%(disposition)s::text IS NULL OR ev.disposition = %(disposition)s)
   AND (%(since)s::timestamptz IS NULL OR ev.received_at >= %(since)s)
   AND (%(after_at)s::timestamptz IS NULL OR (ev.received_at, ev.id) < (%(after_at)s::timestamptz, %(after_id)s::text))
 ORDER BY ev.received_at DESC, ev.id DESC
 LIMIT %(limit)s
+"""
+
+_LIST = f"""
+SELECT {_SUMMARY_COLUMNS}
+FROM events ev {_OWNED}
+WHERE true {_FILTERS}
+"""  # noqa: S608 - constant fragments only
+
+# Every event of one producer delivery: on each of the human's webhooks, the original whose idempotency key is
+# "{webhook_id}:{delivery_id}" (events_external_id_idx), and the re-routes naming it (events_reroute_of_idx).
+# Its own statement, so the planner drives from those few rows rather than filtering the whole history.
+_LIST_DELIVERY = f"""
+WITH originals AS (
+    SELECT o.id FROM endpoint_webhooks ow
+    JOIN endpoints oe ON oe.id = ow.endpoint_id
+    JOIN agents oa ON oa.id = oe.agent_id AND oa.owner_human_id = %(human)s
+    JOIN events o ON o.external_id = ow.id || ':' || %(delivery)s AND o.webhook_id = ow.id AND o.reroute_of IS NULL
+), delivery AS (
+    SELECT id FROM originals
+    UNION ALL
+    SELECT r.id FROM events r JOIN originals ON r.reroute_of = originals.id
+)
+SELECT {_SUMMARY_COLUMNS}
+FROM events ev {_OWNED}
+WHERE ev.id IN (SELECT id FROM delivery) {_FILTERS}
 """  # noqa: S608 - constant fragments only
 
 _GET = f"""
@@ -74,6 +98,43 @@ SELECT id FROM events WHERE webhook_id = %s ORDER BY received_at DESC, id DESC L
 """
 _LANDED_TODOS = "SELECT id, endpoint_id, queue FROM todos WHERE id = ANY(%s)"
 _ONCE_CLAIMS = "SELECT once_key, event_id FROM routing_once WHERE webhook_id = %s AND once_key = ANY(%s)"
+
+# Re-route reads (routing.reroute). A delivery's events are its original and the re-routes naming it; its current
+# event is the latest of them by created_at (a re-route commits after whatever it follows).
+_ORIGINAL_COLUMNS = (
+    "o.id, o.webhook_id, o.endpoint_id, o.source, o.kind, o.external_id, o.trust_mode, o.verified,"
+    " o.verify_detail, o.content_type, o.headers, o.payload, o.source_ip, o.received_at"
+)
+_OWNED_ORIGINAL = f"""
+SELECT {_ORIGINAL_COLUMNS}
+FROM events ev {_OWNED}
+JOIN events o ON o.id = coalesce(ev.reroute_of, ev.id)
+WHERE ev.id = %(event)s
+"""  # noqa: S608 - constant fragments only
+_ORIGINAL = f"""
+SELECT {_ORIGINAL_COLUMNS} FROM events o WHERE o.id = %s AND o.webhook_id = %s AND o.reroute_of IS NULL
+"""  # noqa: S608 - constant column list
+_CURRENT_EVENTS = """
+WITH delivery AS (
+    SELECT coalesce(ev.reroute_of, ev.id) AS original, ev.id, ev.created_at, ev.received_at, ev.disposition,
+           ev.routing_trace
+    FROM events ev
+    WHERE ev.webhook_id = %(webhook)s
+      AND (%(original)s::text IS NULL OR ev.id = %(original)s OR ev.reroute_of = %(original)s)
+      AND (%(kind)s::text IS NULL OR ev.kind = %(kind)s)
+      AND (%(since)s::timestamptz IS NULL OR ev.received_at >= %(since)s)
+      AND (%(until)s::timestamptz IS NULL OR ev.received_at < %(until)s)
+), current AS (
+    SELECT DISTINCT ON (original) original, id, received_at, disposition, routing_trace
+    FROM delivery
+    ORDER BY original, created_at DESC, id DESC
+)
+SELECT original, id FROM current
+WHERE (%(disposition)s::text IS NULL OR disposition = %(disposition)s)
+  AND (%(rule)s::text IS NULL OR routing_trace->>'rule_id' = %(rule)s)
+ORDER BY received_at DESC, original DESC
+LIMIT %(limit)s
+"""
 
 _PRUNE_EVENTS = """
 DELETE FROM events WHERE id IN (
@@ -105,6 +166,7 @@ class EventSummary(BaseModel):
     disposition: EventDisposition
     routing: dict[str, Any]
     todo_ids: list[str]
+    reroute_of: str | None = None
 
 
 class EventDetail(EventSummary):
@@ -172,8 +234,12 @@ class EventStore:
         since: datetime | None,
         limit: int,
         cursor: str | None,
+        delivery_id: str | None = None,
     ) -> EventPage:
-        """A page of the human's events, newest first; a foreign or unknown webhook filter is not_found."""
+        """A page of the human's events, newest first; a foreign or unknown webhook filter is not_found.
+
+        With delivery_id, only the events of that producer delivery: its original event and its re-routes.
+        """
         after_at, after_id = decode_cursor(cursor) if cursor else (None, None)
         async with self.pool.connection() as conn:
             if webhook_id is not None:
@@ -181,9 +247,10 @@ class EventStore:
                 if await cur.fetchone() is None:
                     raise NotFound(WEBHOOK_NOT_FOUND)
             cur = await conn.execute(
-                _LIST,
+                _LIST if delivery_id is None else _LIST_DELIVERY,
                 {
                     "human": caller.human_id,
+                    "delivery": delivery_id,
                     "webhook": webhook_id,
                     "kind": kind,
                     "disposition": disposition,
@@ -259,6 +326,66 @@ class EventStore:
             cur = await conn.execute(_ONCE_CLAIMS, (webhook_id, list(keys)))
             rows = await cur.fetchall()
         return {r["once_key"]: r["event_id"] for r in rows}
+
+    @translates_errors
+    async def owns_webhook(self, caller: Caller, webhook_id: str) -> bool:
+        """Whether the caller's human owns the webhook, deleted or not (its history stays theirs)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_WEBHOOK_OWNED, {"webhook": webhook_id, "human": caller.human_id})
+            return await cur.fetchone() is not None
+
+    @translates_errors
+    async def original_delivery(self, caller: Caller, event_id: str) -> StoredDelivery:
+        """The original delivery of an event of the human's webhooks (itself, or what a re-route names)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_OWNED_ORIGINAL, {"event": event_id, "human": caller.human_id})
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFound(EVENT_NOT_FOUND)
+        return StoredDelivery.model_validate({**row, "payload": bytes(row["payload"])})
+
+    @translates_errors
+    async def stored_delivery(self, webhook_id: str, event_id: str) -> StoredDelivery | None:
+        """An original event of this webhook as stored, to re-route; None once retention pruned it."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_ORIGINAL, (event_id, webhook_id))
+            row = await cur.fetchone()
+        return None if row is None else StoredDelivery.model_validate({**row, "payload": bytes(row["payload"])})
+
+    @translates_errors
+    async def current_events(
+        self,
+        webhook_id: str,
+        *,
+        original: str | None = None,
+        disposition: EventDisposition | None = None,
+        rule_id: str | None = None,
+        kind: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 1,
+    ) -> builtins.list[tuple[str, str]]:
+        """(original, current event) of the webhook's deliveries, newest first; filters read the current event.
+
+        disposition and rule_id are those of the current outcome (a dropped delivery re-routed since is routed
+        now); kind, since and until (exclusive) are the delivery's own. Call after checking ownership.
+        """
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                _CURRENT_EVENTS,
+                {
+                    "webhook": webhook_id,
+                    "original": original,
+                    "disposition": disposition,
+                    "rule": rule_id,
+                    "kind": kind,
+                    "since": since,
+                    "until": until,
+                    "limit": limit,
+                },
+            )
+            rows = await cur.fetchall()
+        return [(str(r["original"]), str(r["id"])) for r in rows]
 
     @translates_errors
     async def prune(self, retention_days: int) -> dict[str, int]:

@@ -82,3 +82,11 @@ class Todo(BaseModel):
     routing: dict[str, Any] | None = None
     work_order: dict[str, Any] | None = None
     update_event_ids: list[str] = []
+    cancel_reason: str | None = None
+
+
+class TodoPage(BaseModel):
+    """One page of todos, newest first, and the cursor of the next when there is one."""
+
+    todos: list[Todo]
+    next_cursor: str | None = None

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 
 from store.db import Pool
 from store.errors import Conflict, Forbidden, NotFound, translates_errors
-from store.models import Caller, Todo
+from store.events import decode_cursor, encode_cursor
+from store.models import Caller, Todo, TodoPage
 
 DEFAULT_LEASE_SECONDS = 300
 MAX_LEASE_SECONDS = 86400
 RETRY_BASE_SECONDS = 30
 RETRY_CAP_SECONDS = 900
+# One live todo per (endpoint, idempotency key): migrations/0001_init.sql.
+LIVE_IDEM_INDEX = "todos_live_idem_idx"
+_TWIN_CONFLICT = "another live todo of the same delivery holds this endpoint's slot"
 
 _COLUMNS = (
     "id, endpoint_id, queue, source, kind, title, payload, event_id, idempotency_key, state, owner,"
     " lease_expires_at, attempt, max_attempts, result, last_error, created_at, updated_at, claimed_at,"
-    " completed_at, next_retry_at, routing_trace AS routing, work_order, update_event_ids"
+    " completed_at, next_retry_at, routing_trace AS routing, work_order, update_event_ids, cancel_reason"
 )
 
 _CLAIM_NEXT = f"""
@@ -74,6 +79,49 @@ UPDATE todos SET state = 'pending', owner = NULL, lease_expires_at = NULL, updat
 WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND queue = ANY(%(queues)s) AND state = 'claimed' AND owner = %(owner)s
 RETURNING {_COLUMNS}
 """  # noqa: S608
+
+# failed → pending now. A parked retry keeps its attempt count (only the wait is skipped); a dead letter gets a
+# fresh attempt budget: attempt back to 0, so it has max_attempts claims again and its backoff restarts at 30 s.
+# last_error and result stay until the next fail or complete replaces them. A dead letter gives its slot back,
+# so it returns only while no other live todo of the same delivery holds the slot on this endpoint.
+_RETRY = f"""
+UPDATE todos t
+SET state = 'pending', owner = NULL, lease_expires_at = NULL, next_retry_at = NULL, updated_at = now(),
+    attempt = CASE WHEN t.next_retry_at IS NULL THEN 0 ELSE t.attempt END
+WHERE t.id = %(id)s AND t.endpoint_id = %(endpoint)s AND t.queue = ANY(%(queues)s) AND t.state = 'failed'
+  AND NOT EXISTS (
+      SELECT 1 FROM todos o
+      WHERE o.endpoint_id = t.endpoint_id AND o.idempotency_key = t.idempotency_key AND o.id <> t.id
+        AND o.state NOT IN ('done', 'canceled') AND NOT (o.state = 'failed' AND o.next_retry_at IS NULL))
+RETURNING {_COLUMNS}
+"""  # noqa: S608 - constant fragments only
+
+# pending or failed (parked or dead letter) → canceled: terminal, never retried, pruned with the other
+# terminal todos (completed_at is when it was canceled).
+_CANCEL = f"""
+UPDATE todos
+SET state = 'canceled', cancel_reason = %(reason)s, owner = NULL, lease_expires_at = NULL, next_retry_at = NULL,
+    completed_at = now(), updated_at = now()
+WHERE id = %(id)s AND endpoint_id = %(endpoint)s AND queue = ANY(%(queues)s) AND state IN ('pending', 'failed')
+RETURNING {_COLUMNS}
+"""  # noqa: S608
+
+# The live todo (todos_live_idem_idx: not done, canceled or dead-lettered) holding a delivery's slot.
+_FIND_LIVE_TWIN = """
+SELECT id FROM todos WHERE endpoint_id = %s AND idempotency_key = %s AND id <> %s
+  AND state NOT IN ('done', 'canceled') AND NOT (state = 'failed' AND next_retry_at IS NULL)
+"""
+
+# Newest first, keyset on (created_at, id) (todos_list_idx): a page never repeats or skips a row however many
+# todos are minted meanwhile. Todos minted by one delivery share created_at; the id orders them.
+_LIST = f"""
+SELECT {_COLUMNS} FROM todos
+WHERE endpoint_id = %(endpoint)s AND queue = ANY(%(queues)s)
+  AND (%(state)s::text IS NULL OR state = %(state)s)
+  AND (%(after_at)s::timestamptz IS NULL OR (created_at, id) < (%(after_at)s::timestamptz, %(after_id)s::text))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s
+"""  # noqa: S608 - constant column list
 
 _REAP_LEASES = """
 UPDATE todos
@@ -137,21 +185,33 @@ class TodoStore:
         return Todo.model_validate(row)
 
     @translates_errors
-    async def list(self, caller: Caller, queue: str | None, state: str | None, limit: int) -> list[Todo]:
-        """Compact todo rows in the caller's scope, newest first."""
+    async def list(
+        self, caller: Caller, queue: str | None, state: str | None, limit: int, cursor: str | None = None
+    ) -> TodoPage:
+        """A page of todos in the caller's scope, newest first, and the cursor of the next page."""
         queues = caller.scope_queues
         if queue is not None:
             if queue not in caller.scope_queues:
                 raise Forbidden("queue is outside this endpoint's scope")
             queues = [queue]
+        # The event history's keyset cursor (store.events), here over (created_at, id).
+        after_at, after_id = decode_cursor(cursor) if cursor else (None, None)
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                f"SELECT {_COLUMNS} FROM todos WHERE endpoint_id = %s AND queue = ANY(%s)"  # noqa: S608
-                " AND (%s::text IS NULL OR state = %s) ORDER BY created_at DESC, id DESC LIMIT %s",
-                (caller.endpoint_id, queues, state, state, limit),
+                _LIST,
+                {
+                    "endpoint": caller.endpoint_id,
+                    "queues": queues,
+                    "state": state,
+                    "after_at": after_at,
+                    "after_id": after_id,
+                    "limit": limit + 1,
+                },
             )
             rows = await cur.fetchall()
-        return [Todo.model_validate(r) for r in rows]
+        todos = [Todo.model_validate(r) for r in rows[:limit]]
+        more = len(rows) > limit
+        return TodoPage(todos=todos, next_cursor=encode_cursor(todos[-1].created_at, todos[-1].id) if more else None)
 
     @translates_errors
     async def claim_next(self, caller: Caller, queue: str | None, lease_seconds: int | None) -> Todo | None:
@@ -259,6 +319,46 @@ class TodoStore:
         if row is None:
             raise Conflict(conflict_message(await self.get(caller, todo_id), needs))
         return Todo.model_validate(row)
+
+    @translates_errors
+    async def retry(self, caller: Caller, todo_id: str) -> Todo:
+        """failed (parked or dead letter) → pending now; a dead letter gets a fresh attempt budget."""
+        params = {"id": todo_id, "endpoint": caller.endpoint_id, "queues": caller.scope_queues}
+        try:
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(_RETRY, params)
+                row = await cur.fetchone()
+        except psycopg.errors.UniqueViolation as exc:
+            # A concurrent retry of another dead letter of the same delivery took the slot first.
+            if exc.diag.constraint_name != LIVE_IDEM_INDEX:
+                raise
+            raise Conflict(_TWIN_CONFLICT) from exc
+        if row is not None:
+            return Todo.model_validate(row)
+        todo = await self.get(caller, todo_id)
+        if todo.state != "failed":
+            raise Conflict(conflict_message(todo, "failed"))
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_FIND_LIVE_TWIN, (todo.endpoint_id, todo.idempotency_key, todo.id))
+            twin = await cur.fetchone()
+        if twin is not None:
+            raise Conflict(f"{_TWIN_CONFLICT}: {twin['id']}")
+        raise Conflict(conflict_message(todo, "failed"))
+
+    @translates_errors
+    async def cancel(self, caller: Caller, todo_id: str, reason: str | None) -> Todo:
+        """pending or failed → canceled, with an optional reason; a claimed todo is its holder's to finish."""
+        params = {"id": todo_id, "endpoint": caller.endpoint_id, "queues": caller.scope_queues, "reason": reason}
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_CANCEL, params)
+            row = await cur.fetchone()
+        if row is not None:
+            return Todo.model_validate(row)
+        todo = await self.get(caller, todo_id)
+        # Refused in pending or failed only when it changed concurrently; conflict_message says so for one state.
+        raise Conflict(
+            conflict_message(todo, todo.state if todo.state in ("pending", "failed") else "pending or failed")
+        )
 
     @translates_errors
     async def reap(self) -> dict[str, int]:

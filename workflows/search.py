@@ -14,4 +14,7 @@ DELIVERY_ID = SearchAttributeKey.for_keyword("SwitchboardDeliveryId")
 # The stored event (ev_...), upserted once the commit names it.
 EVENT_ID = SearchAttributeKey.for_keyword("SwitchboardEventId")
 
-ALL = (WEBHOOK_ID, SOURCE, KIND, DECISION, RULE_ID, DELIVERY_ID, EVENT_ID)
+# A re-route's RouteDelivery: the original event it routes again (reroute_webhook_event/s), set at start.
+REROUTE_OF = SearchAttributeKey.for_keyword("SwitchboardRerouteOf")
+
+ALL = (WEBHOOK_ID, SOURCE, KIND, DECISION, RULE_ID, DELIVERY_ID, EVENT_ID, REROUTE_OF)

@@ -22,6 +22,16 @@ class ListEventsInput(VerbInput):
     since: datetime | None = Field(default=None, description="only events received at or after this instant")
     limit: int = Field(default=50, ge=1, le=200, description="the most events on one page")
     cursor: str | None = Field(default=None, max_length=1000, description="next_cursor of the previous page")
+    delivery_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1000,
+        description=(
+            "the producer's delivery id (X-GitHub-Delivery, X-Gitea-Delivery, the Stripe or Slack event id, the"
+            " cairn event_id, X-Delivery-Id / Webhook-Id / the CloudEvents id, or the sha256:… body hash used"
+            " when none was sent): exactly the events of that delivery, its re-routes included"
+        ),
+    )
 
 
 class EventOut(BaseModel):
@@ -36,6 +46,7 @@ class EventOut(BaseModel):
     disposition: EventDisposition
     routing: dict[str, Any] = Field(description="the routing trace: rule, action, faults, once-key")
     todo_ids: list[str]
+    reroute_of: str | None = Field(default=None, description="the original event, when this event is a re-route")
 
 
 class ListEventsOutput(BaseModel):
@@ -77,6 +88,8 @@ async def list_webhook_events(ctx: Context, data: ListEventsInput) -> ListEvents
         since=data.since.replace(tzinfo=UTC) if data.since and data.since.tzinfo is None else data.since,
         limit=data.limit,
         cursor=data.cursor,
+        # Stripped as the receiver strips the producer's id before it becomes part of the idempotency key.
+        delivery_id=data.delivery_id.strip() if data.delivery_id is not None else None,
     )
     return ListEventsOutput(events=[_summary(e) for e in page.events], next_cursor=page.next_cursor)
 

@@ -1,4 +1,4 @@
-"""Drain verbs: list, get, claim, claim_next, complete, fail, heartbeat, release."""
+"""Drain verbs: list, get, claim, claim_next, complete, fail, heartbeat, release; retry and cancel."""
 
 from __future__ import annotations
 
@@ -63,6 +63,7 @@ class TodoOut(BaseModel):
     work_order: dict[str, Any] | None = None
     payload: Any = None
     update_event_ids: list[str] = Field(default_factory=list, description="events coalesced into this todo")
+    cancel_reason: str | None = Field(default=None, description="the reason cancel_todo was given, if any")
 
 
 class TodoSummary(BaseModel):
@@ -91,10 +92,12 @@ class ListTodosInput(VerbInput):
     queue: QueueFilter
     state: State | None = Field(default=None, description="only todos in this state; omitted: every state")
     limit: int = Field(default=50, ge=1, le=500, description="the most rows to return")
+    cursor: str | None = Field(default=None, max_length=1000, description="next_cursor of the previous page")
 
 
 class ListTodosOutput(BaseModel):
     todos: list[TodoSummary]
+    next_cursor: str | None = Field(default=None, description="pass as cursor for the next page; absent at the end")
 
 
 class TodoIdInput(VerbInput):
@@ -145,6 +148,11 @@ class HeartbeatInput(VerbInput):
     ]
 
 
+class CancelInput(VerbInput):
+    todo_id: TodoId
+    reason: str | None = Field(default=None, max_length=4000, description="why, shown on the todo (cancel_reason)")
+
+
 class TodoResult(BaseModel):
     todo: TodoOut
 
@@ -154,12 +162,14 @@ class TodoResult(BaseModel):
     input=ListTodosInput,
     output=ListTodosOutput,
     family="todos",
-    summary="List todos in the endpoint's queues, newest first.",
+    summary="List todos in the endpoint's queues, newest first; pages by cursor.",
     hints=READ,
 )
 async def list_todos(ctx: Context, data: ListTodosInput) -> ListTodosOutput:
-    rows = await ctx.services.todos.list(ctx.caller, data.queue, data.state, data.limit)
-    return ListTodosOutput(todos=[TodoSummary.model_validate(r.model_dump()) for r in rows])
+    page = await ctx.services.todos.list(ctx.caller, data.queue, data.state, data.limit, data.cursor)
+    return ListTodosOutput(
+        todos=[TodoSummary.model_validate(r.model_dump()) for r in page.todos], next_cursor=page.next_cursor
+    )
 
 
 @verb(
@@ -251,3 +261,28 @@ async def heartbeat(ctx: Context, data: HeartbeatInput) -> TodoResult:
 )
 async def release(ctx: Context, data: HeldTodoInput) -> TodoResult:
     return TodoResult(todo=_full(await ctx.services.todos.release(ctx.caller, data.todo_id)))
+
+
+@verb(
+    "retry_todo",
+    input=TodoIdInput,
+    output=TodoResult,
+    family="todos",
+    summary="Put a failed todo (parked or dead-lettered) back to pending now; a dead letter gets a fresh attempt budget.",
+    # A repeat finds the todo pending and answers conflict: nothing changes twice.
+    hints=Hints(idempotent=True),
+)
+async def retry_todo(ctx: Context, data: TodoIdInput) -> TodoResult:
+    return TodoResult(todo=_full(await ctx.services.todos.retry(ctx.caller, data.todo_id)))
+
+
+@verb(
+    "cancel_todo",
+    input=CancelInput,
+    output=TodoResult,
+    family="todos",
+    summary="Cancel a pending or failed todo (terminal; never retried), with an optional reason.",
+    hints=Hints(destructive=True, idempotent=True),
+)
+async def cancel_todo(ctx: Context, data: CancelInput) -> TodoResult:
+    return TodoResult(todo=_full(await ctx.services.todos.cancel(ctx.caller, data.todo_id, data.reason)))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Registers the custom search attributes Switchboard's RouteDelivery workflow upserts, all Keyword.
+# Registers the custom search attributes Switchboard's workflows carry (RouteDelivery, re-routes), all Keyword.
 # Idempotent: attributes already present are skipped, and an "already exists" answer counts as success.
 #
 # Needs the `temporal` CLI (https://docs.temporal.io/cli). Connection settings come from the CLI's own
@@ -23,6 +23,7 @@ ATTRIBUTES=(
   SwitchboardRuleId
   SwitchboardDeliveryId
   SwitchboardEventId
+  SwitchboardRerouteOf
 )
 
 log() { printf '[register-search-attributes] %s\n' "$*" >&2; }

@@ -78,7 +78,9 @@ async def test_a_delivery_is_listed_with_its_trace_and_read_back_sanitized(stack
         "disposition",
         "routing",
         "todo_ids",
+        "reroute_of",
     }
+    assert summary["reroute_of"] is None
     assert summary["id"] == delivered["event_id"] and summary["webhook_id"] == webhook["webhook_id"]
     assert (summary["source"], summary["kind"], summary["trust_mode"], summary["verified"]) == (
         "github",

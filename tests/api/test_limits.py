@@ -284,6 +284,8 @@ async def test_verbs_have_the_rate_class_their_kind_of_work_needs(stack: Stack) 
         "add_webhook_route",
         "remove_webhook_route",
         "configure_webhook",
+        "reroute_webhook_event",
+        "reroute_webhook_events",
     }
     churn = {"create_webhook", "rotate_webhook", "delete_webhook", "create_schedule", "delete_schedule"}
     for name, verb in REGISTRY.items():

@@ -69,7 +69,7 @@ async def test_verb_bodies_are_json_whatever_the_content_type(stack: Stack) -> N
     )
     assert form.status_code == 200 and form.json()["endpoint_id"] == agent.endpoint_id
     empty = await stack.http.post("/v1/list_todos", headers=auth)
-    assert empty.status_code == 200 and empty.json() == {"todos": []}
+    assert empty.status_code == 200 and empty.json() == {"todos": [], "next_cursor": None}
 
 
 async def test_vend_refuses_unknown_verbs_and_source_types(stack: Stack) -> None:

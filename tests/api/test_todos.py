@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from activities.models import UpkeepInput
 from tests.conftest import Agent, Stack
@@ -199,3 +201,201 @@ async def test_a_refused_transition_names_the_todo_state(stack: Stack) -> None:
     resp = await agent.call("claim", {"todo_id": todo_id})
     assert resp.status_code == 409 and resp.json()["error"]["message"] == "todo is done, not pending"
     assert stack.sql("SELECT state FROM todos WHERE id = %s", todo_id)[0][0] == "done"
+
+
+def _state(stack: Stack, todo_id: str) -> tuple[Any, ...]:
+    return stack.sql("SELECT state, attempt, next_retry_at IS NULL, owner FROM todos WHERE id = %s", todo_id)[0]
+
+
+async def _dead_letter(stack: Stack, agent: Agent, todo_id: str) -> None:
+    stack.sql("UPDATE todos SET attempt = 4 WHERE id = %s", todo_id)
+    await agent.ok("claim", {"todo_id": todo_id})
+    dead = (await agent.ok("fail", {"todo_id": todo_id, "error": "gave up"}))["todo"]
+    assert dead["state"] == "failed" and dead["next_retry_at"] is None and dead["attempt"] == 5
+
+
+async def test_retry_todo_returns_a_parked_retry_now_keeping_its_attempts(stack: Stack) -> None:
+    agent = await stack.agent()
+    [todo_id] = seed_todos(stack, agent.endpoint_id, 1)
+    await agent.ok("claim", {"todo_id": todo_id})
+    await agent.ok("claim", {"todo_id": seed_todos(stack, agent.endpoint_id, 1)[0]})
+    parked = (await agent.ok("fail", {"todo_id": todo_id, "error": "flaky"}))["todo"]
+    assert parked["next_retry_at"] is not None
+    retried = (await agent.ok("retry_todo", {"todo_id": todo_id}))["todo"]
+    assert retried["state"] == "pending" and retried["next_retry_at"] is None and retried["owner"] is None
+    assert retried["attempt"] == 1  # only the wait is skipped: the budget goes on
+    assert retried["last_error"] == "flaky"  # kept until the next fail or complete replaces it
+    again = (await agent.ok("claim_next", {"queue": "work"}))["todo"]
+    assert again["id"] == todo_id and again["attempt"] == 2
+
+
+async def test_retry_todo_gives_a_dead_letter_a_fresh_attempt_budget(stack: Stack) -> None:
+    agent = await stack.agent()
+    [todo_id] = seed_todos(stack, agent.endpoint_id, 1)
+    await _dead_letter(stack, agent, todo_id)
+    retried = (await agent.ok("retry_todo", {"todo_id": todo_id}))["todo"]
+    assert retried["state"] == "pending" and retried["attempt"] == 0 and retried["max_attempts"] == 5
+    assert retried["last_error"] == "gave up"
+    # A fresh budget: the backoff starts again at 30 s and the cap is five claims away.
+    await agent.ok("claim", {"todo_id": todo_id})
+    failed = (await agent.ok("fail", {"todo_id": todo_id}))["todo"]
+    wait = datetime.fromisoformat(failed["next_retry_at"]) - datetime.fromisoformat(failed["updated_at"])
+    assert failed["attempt"] == 1 and abs(wait.total_seconds() - 30) < 2
+    # A lease that expired at the cap is a dead letter too, and comes back the same way.
+    stack.sql("UPDATE todos SET state = 'pending', next_retry_at = NULL, attempt = 4 WHERE id = %s", todo_id)
+    await agent.ok("claim", {"todo_id": todo_id})
+    stack.sql("UPDATE todos SET lease_expires_at = now() - interval '1 second' WHERE id = %s", todo_id)
+    assert (await reap(stack))["dead_lettered"] == 1
+    assert (await agent.ok("retry_todo", {"todo_id": todo_id}))["todo"]["attempt"] == 0
+
+
+async def test_retry_todo_conflicts_and_scope(stack: Stack) -> None:
+    agent = await stack.agent(queues=["work", "other"])
+    pending, claimed, done, canceled = seed_todos(stack, agent.endpoint_id, 4)
+    await agent.ok("claim", {"todo_id": claimed})
+    await agent.ok("claim", {"todo_id": done})
+    await agent.ok("complete", {"todo_id": done})
+    await agent.ok("cancel_todo", {"todo_id": canceled})
+    for todo_id, state in ((pending, "pending"), (claimed, "claimed"), (done, "done"), (canceled, "canceled")):
+        resp = await agent.call("retry_todo", {"todo_id": todo_id})
+        assert resp.status_code == 409 and resp.json()["error"]["code"] == "conflict", state
+        assert state in resp.json()["error"]["message"]
+        assert stack.sql("SELECT state FROM todos WHERE id = %s", todo_id)[0][0] == state
+    # Another endpoint's failed todo and an unknown id are the same not_found; a queue outside scope is forbidden.
+    other = await stack.agent()
+    [theirs] = seed_todos(stack, other.endpoint_id, 1)
+    stack.sql("UPDATE todos SET state = 'failed' WHERE id = %s", theirs)
+    for todo_id in (theirs, "td_nope"):
+        resp = await agent.call("retry_todo", {"todo_id": todo_id})
+        assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found"
+    assert stack.sql("SELECT state FROM todos WHERE id = %s", theirs)[0][0] == "failed"
+    narrow = await stack.agent(agent.human_id, queues=["work"])
+    [outside] = seed_todos(stack, narrow.endpoint_id, 1, queue="secret")
+    stack.sql("UPDATE todos SET state = 'failed' WHERE id = %s", outside)
+    resp = await narrow.call("retry_todo", {"todo_id": outside})
+    assert resp.status_code == 403 and resp.json()["error"]["code"] == "forbidden"
+    assert stack.sql("SELECT state FROM todos WHERE id = %s", outside)[0][0] == "failed"
+    limited = await stack.agent(verbs=["claim", "fail"])
+    resp = await limited.call("retry_todo", {"todo_id": "td_nope"})
+    assert resp.status_code == 403 and resp.json()["error"]["code"] == "forbidden"
+
+
+async def test_a_dead_letter_is_not_retried_while_another_live_todo_of_its_delivery_holds_the_slot(
+    stack: Stack,
+) -> None:
+    agent = await stack.agent()
+    [first] = seed_todos(stack, agent.endpoint_id, 1)
+    await _dead_letter(stack, agent, first)
+    # The dead letter gave its slot back; a re-route of the same delivery minted a new live todo into it.
+    [second] = seed_todos(stack, agent.endpoint_id, 1)
+    stack.sql("UPDATE todos SET idempotency_key = %s WHERE id = %s", first, second)
+    resp = await agent.call("retry_todo", {"todo_id": first})
+    assert resp.status_code == 409 and second in resp.json()["error"]["message"]
+    assert _state(stack, first)[:2] == ("failed", 5)
+    # Once the live one is finished the slot is free again.
+    await agent.ok("cancel_todo", {"todo_id": second})
+    assert (await agent.ok("retry_todo", {"todo_id": first}))["todo"]["state"] == "pending"
+
+
+async def test_concurrent_retries_of_two_dead_letters_of_one_delivery_revive_one(stack: Stack) -> None:
+    agent = await stack.agent()
+    first, second = seed_todos(stack, agent.endpoint_id, 2)
+    stack.sql(
+        "UPDATE todos SET state = 'failed', attempt = 5, next_retry_at = NULL WHERE id = ANY(%s)", [first, second]
+    )
+    stack.sql("UPDATE todos SET idempotency_key = 'same-delivery' WHERE id = ANY(%s)", [first, second])
+    results = await asyncio.gather(
+        *(agent.call("retry_todo", {"todo_id": t}) for t in (first, second) for _ in range(3))
+    )
+    assert sorted(r.status_code for r in results) == [200] + [409] * 5
+    assert stack.sql("SELECT count(*) FROM todos WHERE state = 'pending'")[0][0] == 1
+
+
+async def test_cancel_todo_transitions_and_conflicts(stack: Stack) -> None:
+    agent = await stack.agent()
+    pending, parked, dead, claimed, done = seed_todos(stack, agent.endpoint_id, 5)
+    await agent.ok("claim", {"todo_id": parked})
+    await agent.ok("fail", {"todo_id": parked})
+    await _dead_letter(stack, agent, dead)
+    await agent.ok("claim", {"todo_id": done})
+    await agent.ok("complete", {"todo_id": done})
+    await agent.ok("claim", {"todo_id": claimed})
+
+    out = (await agent.ok("cancel_todo", {"todo_id": pending, "reason": "duplicate of td_other"}))["todo"]
+    assert out["state"] == "canceled" and out["cancel_reason"] == "duplicate of td_other"
+    assert out["completed_at"] is not None
+    for todo_id in (parked, dead):
+        out = (await agent.ok("cancel_todo", {"todo_id": todo_id}))["todo"]
+        assert out["state"] == "canceled" and out["next_retry_at"] is None and out["cancel_reason"] is None
+    # A parked retry that was canceled is never brought back by the reaper.
+    stack.sql("UPDATE todos SET next_retry_at = now() - interval '1 second' WHERE id = %s", parked)
+    assert (await reap(stack))["retried"] == 0
+    for todo_id, state in ((claimed, "claimed"), (done, "done"), (pending, "canceled")):
+        resp = await agent.call("cancel_todo", {"todo_id": todo_id})
+        assert resp.status_code == 409 and resp.json()["error"]["code"] == "conflict"
+        assert state in resp.json()["error"]["message"]
+        assert stack.sql("SELECT state FROM todos WHERE id = %s", todo_id)[0][0] == state
+    assert (await agent.ok("claim_next", {})) == {"empty": True, "todo": None}
+    other = await stack.agent()
+    [theirs] = seed_todos(stack, other.endpoint_id, 1)
+    for todo_id in (theirs, "td_nope"):
+        resp = await agent.call("cancel_todo", {"todo_id": todo_id})
+        assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found"
+    assert stack.sql("SELECT state FROM todos WHERE id = %s", theirs)[0][0] == "pending"
+    resp = await agent.call("cancel_todo", {"todo_id": theirs, "reason": "x" * 4001})
+    assert resp.status_code == 422
+
+
+async def test_list_todos_pages_cover_every_todo_once_newest_first(stack: Stack) -> None:
+    agent = await stack.agent()
+    ids = seed_todos(stack, agent.endpoint_id, 23)
+    # Todos minted by one delivery share created_at; the id breaks the tie.
+    stack.sql("UPDATE todos SET created_at = (SELECT min(created_at) FROM todos) WHERE id = ANY(%s)", ids[:4])
+    expected = [r[0] for r in stack.sql("SELECT id FROM todos ORDER BY created_at DESC, id DESC")]
+    seen: list[str] = []
+    cursor = None
+    pages = 0
+    while True:
+        body: dict[str, Any] = {"limit": 5}
+        if cursor:
+            body["cursor"] = cursor
+        page = await agent.ok("list_todos", body)
+        pages += 1
+        seen.extend(t["id"] for t in page["todos"])
+        cursor = page.get("next_cursor")
+        if not cursor:
+            break
+        assert len(page["todos"]) == 5
+        if pages == 2:
+            seed_todos(stack, agent.endpoint_id, 1)  # newer than the cursor: later pages do not shift
+    assert seen == expected and pages == 5
+    # Filters hold across pages.
+    await agent.ok("claim", {"todo_id": ids[0]})
+    await agent.ok("claim", {"todo_id": ids[1]})
+    first = await agent.ok("list_todos", {"state": "claimed", "limit": 1})
+    second = await agent.ok("list_todos", {"state": "claimed", "limit": 1, "cursor": first["next_cursor"]})
+    assert {first["todos"][0]["id"], second["todos"][0]["id"]} == {ids[0], ids[1]}
+    assert second.get("next_cursor") is None
+    everything = await agent.ok("list_todos", {"limit": 500})
+    assert len(everything["todos"]) == 24 and everything.get("next_cursor") is None
+    for bad in ("!!!", base64.urlsafe_b64encode(b"garbage").decode()):
+        resp = await agent.call("list_todos", {"cursor": bad})
+        assert resp.status_code == 422 and resp.json()["error"]["code"] == "invalid_argument"
+
+
+async def test_list_todos_pages_past_500(stack: Stack) -> None:
+    agent = await stack.agent()
+    stack.sql(
+        "INSERT INTO todos (id, endpoint_id, queue, source, title, idempotency_key)"
+        " SELECT 'td_bulk' || lpad(g::text, 5, '0'), %s, 'work', 'generic', 't', 'k' || g FROM generate_series(1, 1203) g",
+        agent.endpoint_id,
+    )
+    seen: set[str] = set()
+    cursor = None
+    while True:
+        page = await agent.ok("list_todos", {"limit": 500, **({"cursor": cursor} if cursor else {})})
+        seen.update(t["id"] for t in page["todos"])
+        cursor = page.get("next_cursor")
+        if not cursor:
+            break
+    assert len(seen) == 1203

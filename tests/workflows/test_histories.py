@@ -22,6 +22,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.models import UpkeepInput, UpkeepResult
 from activities.schedules import FireInput, FireResult, fire_delivery_id
 from routing.delivery import CommitResult, DeliveryInput
+from routing.reroute import RerouteEventsInput, RerouteProgress
 from store.db import open_pool
 from tests.conftest import Agent, Stack, running_stack
 from tests.helpers import issue_payload, post_github
@@ -35,6 +36,7 @@ from tests.workflows.replay import (
     replayer,
 )
 from worker import build_worker
+from workflows.reroute import RerouteEvents, batch_workflow_id, reroute_workflow_id
 from workflows.route_delivery import RouteDelivery
 from workflows.schedules import FireSchedule, fire_workflow_id
 from workflows.upkeep import PruneRetention, ReapTodos
@@ -60,6 +62,10 @@ PATHS = {
     "FireSchedule: a later fire of the same slot (duplicate)": "fire_schedule_duplicate.json",
     "FireSchedule: another fire of the slot is routing it (joined)": "fire_schedule_joined.json",
     "FireSchedule: the schedule was deleted (gone)": "fire_schedule_gone.json",
+    "RouteDelivery: a re-route of a stored event (reroute_webhook_event)": "route_delivery_reroute.json",
+    "RerouteEvents: the run that continues as new after per_run deliveries": "reroute_events_first_run.json",
+    "RerouteEvents: the last run, one delivery pruned since the plan (missing)": "reroute_events.json",
+    "RerouteEvents: the child RouteDelivery of one delivery": "reroute_events_child.json",
     "ReapTodos: expired leases and due retries requeued": "reap_todos.json",
     "PruneRetention: old events and terminal todos deleted": "prune_retention.json",
 }
@@ -259,6 +265,51 @@ async def test_record_evaluation_fails_every_attempt(
         )
         [(trace,)] = stack.sql("SELECT routing_trace FROM events WHERE id = %s", result.event_id)
         assert [f["cause"] for f in trace["faults"]] == ["sandbox_failure"]
+
+
+# Re-routes ---------------------------------------------------------------------------------------------------
+
+
+MUTE = {"id": "mute", "expr": "true", "action": {"drop": True}}
+
+
+async def test_record_reroute_of_one_event(stack: Stack) -> None:
+    agent = await stack.agent()
+    hook = await _webhook(agent, [MUTE])
+    dropped = await _deliver(stack, hook, "reroute-1")
+    await agent.ok("set_webhook_rules", {"webhook_id": hook["webhook_id"], "rules": []})
+    out = await agent.ok("reroute_webhook_event", {"event_id": dropped["event_id"], "wait_seconds": 30})
+    assert out["result"]["created"] == 1
+    handle = stack.temporal.get_workflow_handle(out["workflow_id"])
+    assert await decision_attribute(handle) == "routed"
+    await replay_and_keep(handle, PATHS["RouteDelivery: a re-route of a stored event (reroute_webhook_event)"])
+
+
+async def test_record_bulk_reroute_continued_as_new(stack: Stack) -> None:
+    agent = await stack.agent()
+    hook = await _webhook(agent, [MUTE])
+    wid = hook["webhook_id"]
+    events = [(await _deliver(stack, hook, f"bulk-{i}"))["event_id"] for i in range(4)]
+    await agent.ok("set_webhook_rules", {"webhook_id": wid, "rules": []})
+    stack.sql("DELETE FROM events WHERE id = %s", events[1])  # pruned between the plan and its turn
+    nonce = uuid.uuid4().hex[:16]
+    handle: WorkflowHandle[Any, RerouteProgress] = await stack.temporal.start_workflow(
+        RerouteEvents.run,
+        RerouteEventsInput(webhook_id=wid, event_ids=events, batch=nonce, per_run=2, starts_per_second=2),
+        id=batch_workflow_id(wid),
+        task_queue=stack.settings.task_queue,
+    )
+    result = await handle.result()
+    assert (result.done, result.created, result.failed) == (4, 3, 0)
+    assert [r.status for r in result.results] == ["committed", "missing", "committed", "committed"]
+    first = stack.temporal.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
+    assert (await first.describe()).status is not None
+    await replay_and_keep(first, PATHS["RerouteEvents: the run that continues as new after per_run deliveries"])
+    last = stack.temporal.get_workflow_handle(handle.id)
+    await replay_and_keep(last, PATHS["RerouteEvents: the last run, one delivery pruned since the plan (missing)"])
+    child = stack.temporal.get_workflow_handle(reroute_workflow_id(events[3], nonce))
+    assert await decision_attribute(child) == "routed"
+    await replay_and_keep(child, PATHS["RerouteEvents: the child RouteDelivery of one delivery"])
 
 
 # FireSchedule --------------------------------------------------------------------------------------------------
