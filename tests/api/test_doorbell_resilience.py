@@ -333,7 +333,14 @@ async def test_a_dropped_ring_is_given_back_and_a_catch_up_rings_it(live_stack: 
     with hub.subscription(agent.endpoint_id, ["work"], "sse") as stuck:  # a stream that never drains
         ids = [(await ingest(live_stack, hook, number=n))[1] for n in range(BUFFER + 2)]
         await eventually(lambda: stuck.dropped == 2, timeout=10, interval=POLL)
-        rung = {r[0] for r in live_stack.sql("SELECT id FROM todos WHERE id = ANY(%s) AND rung_at IS NOT NULL", ids)}
+
+        def rung_ids() -> set[str]:
+            rows = live_stack.sql("SELECT id FROM todos WHERE id = ANY(%s) AND rung_at IS NOT NULL", ids)
+            return {r[0] for r in rows}
+
+        # A drop is counted before its claim is given back (one more statement): wait for the give-back too.
+        await eventually(lambda: len(rung_ids()) == BUFFER, timeout=10, interval=POLL)
+        rung = rung_ids()
         # Rings are claimed concurrently, so which two were dropped is not fixed; they were given back.
         assert len(rung) == BUFFER and rung <= set(ids)
         missed = set(ids) - rung
