@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from api.verbs import ADMIN_VERBS
+from api.verbs import ADMIN_VERBS, REGISTRY
 from api.verbs.registry import CliArg, CliCommand
 from switchboard import resources
 from switchboard.logs import configure
@@ -160,18 +160,8 @@ def cmd_rules_install(settings: Settings, args: argparse.Namespace) -> int:
     return _printed(*_agent(settings, args, "set_webhook_rules", {"webhook_id": args.webhook_id, **body}))
 
 
-def cmd_todos_retry(settings: Settings, args: argparse.Namespace) -> int:
-    return _printed(*_agent(settings, args, "retry_todo", {"todo_id": args.todo_id}))
-
-
-def cmd_todos_cancel(settings: Settings, args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"todo_id": args.todo_id}
-    if args.reason is not None:
-        body["reason"] = args.reason
-    return _printed(*_agent(settings, args, "cancel_todo", body))
-
-
 REROUTE_POLL_SECONDS = 1.0
+EVENTS_HELP = "event history and re-routes (as the webhooks' owner)"
 
 
 def cmd_events_reroute(settings: Settings, args: argparse.Namespace) -> int:
@@ -196,10 +186,6 @@ def cmd_events_reroute(settings: Settings, args: argparse.Namespace) -> int:
         code, polled = _agent(settings, args, "get_reroute", {"workflow_id": answer["workflow_id"]})
         if code != 0 or not isinstance(polled, dict) or polled.get("status") != "running":
             return _printed(code, polled)
-
-
-def cmd_events_get_reroute(settings: Settings, args: argparse.Namespace) -> int:
-    return _printed(*_agent(settings, args, "get_reroute", {"workflow_id": args.workflow_id}))
 
 
 def _owner_options(parser: argparse.ArgumentParser) -> None:
@@ -230,10 +216,22 @@ def _admin_command(verb: str, command: CliCommand) -> Any:
     return run
 
 
-def add_admin_commands(sub: Any) -> None:
-    """`switchboard GROUP ACTION` for every admin verb, from the verb table (api/verbs/admin.py)."""
+def _agent_command(verb: str, command: CliCommand) -> Any:
+    def run(settings: Settings, args: argparse.Namespace) -> int:
+        # An optional argument left unset is left out, so the verb's own default applies.
+        body = {arg.field: value for arg in command.args if (value := getattr(args, arg.field)) is not None}
+        return _printed(*_agent(settings, args, verb, command.complete(body) if command.complete else body))
+
+    return run
+
+
+def add_verb_commands(sub: Any) -> dict[str, Any]:
+    """`switchboard GROUP ACTION` for every verb with a command in the verb table; the groups by name.
+
+    Admin verbs (api/verbs/admin.py) run as the operator; agent verbs as an endpoint (the owner's credential).
+    """
     groups: dict[str, Any] = {}
-    for verb in ADMIN_VERBS.values():
+    for verb in [*ADMIN_VERBS.values(), *REGISTRY.values()]:
         command = verb.cli
         if command is None:
             continue
@@ -244,7 +242,12 @@ def add_admin_commands(sub: Any) -> None:
         parser = groups[command.group].add_parser(command.action, help=command.help)
         for arg in command.args:
             _add_argument(parser, arg)
-        parser.set_defaults(fn=_admin_command(verb.name, command))
+        if verb.surface == "admin":
+            parser.set_defaults(fn=_admin_command(verb.name, command))
+        else:
+            _owner_options(parser)
+            parser.set_defaults(fn=_agent_command(verb.name, command))
+    return groups
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -260,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
         "worker-health", help="exit 0 when this home's worker is alive (container health check)"
     ).set_defaults(fn=cmd_worker_health)
 
-    add_admin_commands(sub)
+    groups = add_verb_commands(sub)
 
     rules = sub.add_parser("rules", help="routing rules").add_subparsers(dest="action", required=True)
     ri = rules.add_parser("install", help="install a rule pack on a webhook (one set_webhook_rules call)")
@@ -273,18 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     _owner_options(ri)
     ri.set_defaults(fn=cmd_rules_install)
 
-    todos = sub.add_parser("todos", help="todos (as their endpoint)").add_subparsers(dest="action", required=True)
-    tr = todos.add_parser("retry", help="retry_todo: a failed todo back to pending now (a dead letter: fresh budget)")
-    tr.add_argument("todo_id")
-    _owner_options(tr)
-    tr.set_defaults(fn=cmd_todos_retry)
-    tc = todos.add_parser("cancel", help="cancel_todo: a pending or failed todo to canceled")
-    tc.add_argument("todo_id")
-    tc.add_argument("--reason", default=None)
-    _owner_options(tc)
-    tc.set_defaults(fn=cmd_todos_cancel)
-
-    events = sub.add_parser("events", help="event history (as the webhooks' owner)").add_subparsers(
+    # Composed of two verbs (one event, or a filtered batch) and following the run with get_reroute.
+    events = groups.get("events") or sub.add_parser("events", help=EVENTS_HELP).add_subparsers(
         dest="action", required=True
     )
     er = events.add_parser(
@@ -303,10 +296,6 @@ def build_parser() -> argparse.ArgumentParser:
     er.add_argument("--no-wait", action="store_true", help="answer at once; poll with `switchboard events get-reroute`")
     _owner_options(er)
     er.set_defaults(fn=cmd_events_reroute)
-    eg = events.add_parser("get-reroute", help="get_reroute: how a re-route is going, or how it ended")
-    eg.add_argument("workflow_id")
-    _owner_options(eg)
-    eg.set_defaults(fn=cmd_events_get_reroute)
     return p
 
 

@@ -72,3 +72,48 @@ def test_every_admin_verb_has_a_command_and_the_readme_names_both() -> None:
         assert verb.cli is not None, name
         assert f"`{name}`" in README, name
         assert f"{verb.cli.group} {verb.cli.action}" in README, name
+
+
+def run_agent(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[str, dict[str, Any]]:
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    def agent(settings: Settings, args: Any, verb: str, body: dict[str, Any]) -> tuple[int, None]:
+        sent.append((verb, body))
+        return 0, None
+
+    monkeypatch.setattr(cli.main, "_agent", agent)
+    args = cli.main.build_parser().parse_args([*argv, "--credential", "sbk_x"])
+    assert args.fn(Settings(), args) == 0
+    [(verb, body)] = sent
+    REGISTRY[verb].input.model_validate(body)  # what the command sends is the verb's input
+    return verb, body
+
+
+def test_agent_commands_from_the_verb_table_send_their_verbs_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run_agent(monkeypatch, "todos", "retry", "td_1") == ("retry_todo", {"todo_id": "td_1"})
+    assert run_agent(monkeypatch, "todos", "cancel", "td_1") == ("cancel_todo", {"todo_id": "td_1"})
+    assert run_agent(monkeypatch, "todos", "cancel", "td_1", "--reason", "dup") == (
+        "cancel_todo",
+        {"todo_id": "td_1", "reason": "dup"},
+    )
+    assert run_agent(monkeypatch, "events", "get-reroute", "reroute-batch-wh_1") == (
+        "get_reroute",
+        {"workflow_id": "reroute-batch-wh_1"},
+    )
+    # The composed command picks one of the two re-route verbs.
+    assert run_agent(monkeypatch, "events", "reroute", "ev_1", "--dry-run") == (
+        "reroute_webhook_event",
+        {"event_id": "ev_1", "dry_run": True},
+    )
+    assert run_agent(monkeypatch, "events", "reroute", "--webhook", "wh_1", "--disposition", "dropped") == (
+        "reroute_webhook_events",
+        {"webhook_id": "wh_1", "dry_run": False, "disposition": "dropped"},
+    )
+
+
+def test_every_agent_command_is_in_the_readme() -> None:
+    commands = {name: verb.cli for name, verb in REGISTRY.items() if verb.cli is not None}
+    assert set(commands) >= {"retry_todo", "cancel_todo", "get_reroute"}
+    for name, command in commands.items():
+        assert f"`{name}`" in README, name
+        assert f"switchboard {command.group} {command.action}" in README, name

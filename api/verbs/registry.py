@@ -53,7 +53,7 @@ class AdminContext:
 
 @dataclass(frozen=True)
 class CliArg:
-    """One command-line argument of an admin verb's command; it fills the input field of the same name."""
+    """One command-line argument of a verb's command; it fills the input field of the same name."""
 
     field: str
     flag: str | None = None
@@ -68,7 +68,12 @@ class CliArg:
 
 @dataclass(frozen=True)
 class CliCommand:
-    """`switchboard GROUP ACTION …`: calls one admin verb over /admin/v1 and prints its answer."""
+    """`switchboard GROUP ACTION …`: calls one verb and prints its answer.
+
+    An admin verb is called over /admin/v1 with the admin token; an agent verb over /v1 with the owner's
+    credential (`--credential`, else $SWITCHBOARD_CREDENTIAL), an unset optional argument left to the verb's
+    default. Commands that compose several verbs (`rules install`, `events reroute`) are written in cli/main.py.
+    """
 
     group: str
     group_help: str
@@ -173,11 +178,14 @@ def verb(
     rate_class: RateClass = "agent",
     title: str | None = None,
     hints: Hints = Hints(),
+    cli: CliCommand | None = None,
 ) -> Callable[[AgentHandler], AgentHandler]:
-    """Register a handler as an agent verb; adding a verb is this one decorator (hints: how it treats state)."""
+    """Register a handler as an agent verb; adding a verb is this one decorator (hints: how it treats state;
+    cli: its `switchboard` command, when it has one)."""
 
     def register(fn: AgentHandler) -> AgentHandler:
-        _register(Verb(name, input, output, family, summary, fn, rate_class, title or default_title(name), hints))
+        entry = Verb(name, input, output, family, summary, fn, rate_class, title or default_title(name), hints, cli=cli)
+        _register(entry)
         return fn
 
     return register

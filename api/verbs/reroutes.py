@@ -30,7 +30,7 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from api.verbs.registry import READ, Context, Hints, VerbInput, verb
+from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInput, verb
 from api.verbs.rules import history_of, sandbox_of
 from routing.delivery import CommitResult
 from routing.models import EventDisposition, Grant
@@ -345,6 +345,14 @@ async def _progress(handle: WorkflowHandle[Any, Any]) -> RerouteProgress | None:
     family=FAMILY,
     summary="How a re-route (reroute_webhook_event or reroute_webhook_events) is going, or how it ended.",
     hints=READ,
+    # `switchboard events reroute` (both re-route verbs, then this one until the run ends) is composed in cli/main.py.
+    cli=CliCommand(
+        group="events",
+        group_help="event history and re-routes (as the webhooks' owner)",
+        action="get-reroute",
+        help="get_reroute: how a re-route is going, or how it ended",
+        args=(CliArg("workflow_id", help="the workflow_id a re-route answered"),),
+    ),
 )
 async def get_reroute(ctx: Context, data: GetRerouteInput) -> GetRerouteOutput:
     client = _temporal(ctx)

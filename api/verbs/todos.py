@@ -7,11 +7,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from api.verbs.registry import READ, Context, Hints, VerbInput, verb
+from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInput, verb
 from store.models import Todo
 from store.todos import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS
 from switchboard.metrics import CLAIMS, DEAD_LETTERS, bounded
 
+TODOS_HELP = "todos (as their endpoint)"
 State = Literal["pending", "claimed", "done", "failed", "canceled"]
 
 TodoId = Annotated[str, Field(min_length=1, max_length=100, description="the todo's id (td_…)")]
@@ -271,6 +272,13 @@ async def release(ctx: Context, data: HeldTodoInput) -> TodoResult:
     summary="Put a failed todo (parked or dead-lettered) back to pending now; a dead letter gets a fresh attempt budget.",
     # A repeat finds the todo pending and answers conflict: nothing changes twice.
     hints=Hints(idempotent=True),
+    cli=CliCommand(
+        group="todos",
+        group_help=TODOS_HELP,
+        action="retry",
+        help="retry_todo: a failed todo back to pending now (a dead letter gets a fresh attempt budget)",
+        args=(CliArg("todo_id", help="the todo (td_…)"),),
+    ),
 )
 async def retry_todo(ctx: Context, data: TodoIdInput) -> TodoResult:
     return TodoResult(todo=_full(await ctx.services.todos.retry(ctx.caller, data.todo_id)))
@@ -283,6 +291,13 @@ async def retry_todo(ctx: Context, data: TodoIdInput) -> TodoResult:
     family="todos",
     summary="Cancel a pending or failed todo (terminal; never retried), with an optional reason.",
     hints=Hints(destructive=True, idempotent=True),
+    cli=CliCommand(
+        group="todos",
+        group_help=TODOS_HELP,
+        action="cancel",
+        help="cancel_todo: a pending or failed todo to canceled",
+        args=(CliArg("todo_id", help="the todo (td_…)"), CliArg("reason", flag="--reason", help="why")),
+    ),
 )
 async def cancel_todo(ctx: Context, data: CancelInput) -> TodoResult:
     return TodoResult(todo=_full(await ctx.services.todos.cancel(ctx.caller, data.todo_id, data.reason)))
