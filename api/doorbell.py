@@ -376,7 +376,9 @@ class DoorbellListener:
             async with contextlib.aclosing(conn.notifies(left)) as notes:
                 async for note in notes:
                     if note.channel == self.ping_channel:
-                        heard = heard or note.payload == token
+                        if not heard and note.payload == token:
+                            heard = True
+                            self._heard_at = started  # everything committed before the ping has reached us
                         if heard and first:
                             break
                     else:
@@ -385,7 +387,6 @@ class DoorbellListener:
             raise Deaf(f"no liveness round trip within {self.check_seconds * 1.5:.1f}s")
         # Heard: everything committed before the ping was sent has been delivered to this connection.
         self.alive_at = check.now
-        self._heard_at = started
 
     def hearing(self) -> int | None:
         """The number of the LISTEN connection if it is proven to hear revocations now, else None.
