@@ -38,6 +38,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import Agent, Stack
 from tests.helpers import eventually, issue_payload, post_github, token_of
+from workflows.route_delivery import workflow_id_for
 
 BIN = Path(sys.executable).parent
 pytestmark = [pytest.mark.timeout(600)]
@@ -252,10 +253,11 @@ async def test_one_trace_runs_from_the_ingest_post_through_the_workflow_and_acti
     webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
     rule = {"id": "issues", "expr": '.kind == "issues"', "action": {"queue": "work"}}
     await agent.ok("set_webhook_rules", {"webhook_id": webhook["webhook_id"], "rules": [rule]})
-    resp = await post_github(remote.http, webhook, issue_payload())
+    delivery = str(uuid.uuid4())
+    resp = await post_github(remote.http, webhook, issue_payload(), delivery=delivery)
     assert resp.status_code == 202, resp.text + processes.logs()
     assert resp.json().get("pending") is not True, resp.text  # the run finished within the request
-    workflow_id = resp.json()["workflow_id"]
+    workflow_id = workflow_id_for(webhook["webhook_id"], f"{webhook['webhook_id']}:{delivery}")
 
     def post_span() -> Exported | None:
         for span in processes.collector.snapshot():

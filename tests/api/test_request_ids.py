@@ -18,6 +18,7 @@ from switchboard.request_ids import HEADER, MAX_LENGTH, accepted_request_id
 from switchboard.temporal import connect
 from tests.conftest import Stack, make_settings, running_stack
 from tests.helpers import eventually, issue_payload, post_github, token_of
+from tests.workflows.replay import handle_for
 
 LOGGERS = ("switchboard", "temporalio.workflow", "temporalio.activity")
 
@@ -57,10 +58,14 @@ async def test_inbound_request_id_is_echoed_and_on_every_line_of_the_request_its
     webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
 
     routed_id = f"producer-{uuid.uuid4()}"
-    resp = await post_github(stack.http, webhook, issue_payload(), extra_headers={"X-Request-Id": routed_id})
+    delivery = str(uuid.uuid4())
+    resp = await post_github(
+        stack.http, webhook, issue_payload(), delivery=delivery, extra_headers={"X-Request-Id": routed_id}
+    )
     assert resp.status_code == 202, resp.text
     assert resp.headers["x-request-id"] == routed_id
-    workflow_id = resp.json()["workflow_id"]
+    handle = handle_for(stack, webhook["webhook_id"], delivery)
+    workflow_id = handle.id
 
     def lines_of(request_id: str) -> list[dict[str, Any]]:
         return [line for line in json_lines(caplog) if line.get("request_id") == request_id]
@@ -83,7 +88,7 @@ async def test_inbound_request_id_is_echoed_and_on_every_line_of_the_request_its
     assert committed[0]["temporal_activity"]["activity_type"] == "commit_delivery"
     assert committed[0]["temporal_activity"]["workflow_id"] == workflow_id
     # The id travelled in the start's header, where the UI and `temporal workflow show` see it too.
-    history = await stack.temporal.get_workflow_handle(workflow_id).fetch_history()
+    history = await handle.fetch_history()
     start_event = history.events[0].workflow_execution_started_event_attributes
     assert HEADER in start_event.header.fields
 
