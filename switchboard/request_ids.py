@@ -15,12 +15,12 @@ request, has no id: the relay's start happens outside any request.
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-import temporalio.converter
 from temporalio import client, worker, workflow
 from temporalio.api.common.v1 import Payload
 
@@ -32,8 +32,6 @@ HEADER = "switchboard-request-id"
 MAX_LENGTH = 128
 # Ids from proxies and producers: UUIDs, hex, base64-ish tokens, dotted or colon-separated trace ids.
 _SAFE = re.compile(rf"[A-Za-z0-9._:+/=-]{{1,{MAX_LENGTH}}}")
-
-_CONVERTER = temporalio.converter.PayloadConverter.default
 
 
 def new_request_id() -> str:
@@ -52,19 +50,27 @@ def accepted_request_id(inbound: str | None) -> str:
     return new_request_id()
 
 
+_JSON_PLAIN = {"encoding": b"json/plain"}
+
+
 def _with_request_id(headers: Mapping[str, Payload], request_id: str | None) -> Mapping[str, Payload]:
     if not request_id:
         return headers
-    return {**headers, HEADER: _CONVERTER.to_payloads([request_id])[0]}
+    # The payload the default converter writes for a str, built directly: the converter's lookup costs ~20x more,
+    # and this runs on every start and every activity a request's run schedules.
+    payload = Payload(metadata=_JSON_PLAIN, data=json.dumps(request_id).encode())
+    return {**headers, HEADER: payload}
 
 
 def _request_id_from(headers: Mapping[str, Payload]) -> str | None:
     payload = headers.get(HEADER) if headers else None
     if payload is None:
         return None
+    if payload.metadata.get("encoding") != _JSON_PLAIN["encoding"]:
+        return None
     try:
-        value = _CONVERTER.from_payloads([payload])[0]
-    except Exception:  # an unreadable header is no id, never a failed task
+        value = json.loads(payload.data)
+    except ValueError:  # an unreadable header is no id, never a failed task
         return None
     # Re-checked on the way in: another client could have written anything into the header.
     return value if isinstance(value, str) and _SAFE.fullmatch(value) else None

@@ -130,3 +130,19 @@ async def test_invalid_request_id_is_replaced_and_the_replacement_is_what_the_li
     assert len(resp.headers["x-request-id"]) == 16
     ok = await stack.http.get("/healthz", headers={"X-Request-Id": "probe-1"})
     assert ok.headers["x-request-id"] == "probe-1" and ok.headers.get_list("x-request-id") == ["probe-1"]
+
+
+def test_a_header_written_by_another_client_binds_only_a_plain_id() -> None:
+    from temporalio.api.common.v1 import Payload
+
+    from switchboard.request_ids import _request_id_from, _with_request_id
+
+    assert _request_id_from(_with_request_id({}, "abc-1")) == "abc-1"
+    assert _with_request_id({}, None) == {}
+    for forged in (
+        Payload(metadata={"encoding": b"json/plain"}, data=b'"two words"'),
+        Payload(metadata={"encoding": b"json/plain"}, data=b'{"not": "a string"}'),
+        Payload(metadata={"encoding": b"json/plain"}, data=b"\xff\xfe"),
+        Payload(metadata={"encoding": b"binary/plain"}, data=b"abc"),
+    ):
+        assert _request_id_from({HEADER: forged}) is None
