@@ -23,6 +23,8 @@ import os
 import threading
 from typing import Any
 
+from switchboard.logs import mask_secrets
+
 log = logging.getLogger("switchboard.tracing")
 
 API = "api"
@@ -111,8 +113,6 @@ def instrument_app(app: Any) -> bool:
 def _mask_span(span: Any, scope: dict[str, Any]) -> None:
     # The request span records the raw path and URL, and an ingest path carries the webhook's credential: masked
     # exactly as a log line is (the span name is the route template, which never holds it).
-    from switchboard.logs import mask_secrets
-
     if span is None or not span.is_recording():
         return
     for key, value in dict(getattr(span, "attributes", None) or {}).items():
