@@ -398,7 +398,9 @@ def main(argv: list[str] | None = None) -> int:
             where = ".".join(str(part) for part in first.get("loc", ())) or "settings"
             raise CliError("invalid_setting", f"SWITCHBOARD_{where.upper()}: {first.get('msg')}") from None
         _configure_logging(settings.log_level)
-        return int(args.fn(settings, args) or 0)
+        code = int(args.fn(settings, args) or 0)
+        sys.stdout.flush()  # here, where a reader that went away is caught, not at interpreter exit
+        return code
     except CliError as exc:
         print(exc.line(), file=sys.stderr)
         return exc.exit_code

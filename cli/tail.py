@@ -30,6 +30,7 @@ MAX_PAGES = 10
 """Pages one poll follows at most before it shows what it has (a burst larger than this is cut, and said so)."""
 LATE_COMMIT = timedelta(minutes=2)
 """How far before the newest event seen each poll reads again, for deliveries that commit late."""
+READY = "tail: following new events and todos (Ctrl-C stops)"
 REMEMBERED = 20_000
 """Ids remembered to print each row once; the oldest are forgotten first."""
 
@@ -124,8 +125,8 @@ class Tail:
     def run(self, interval: float, *, until: float | None = None) -> None:
         """Poll forever (or until the monotonic deadline `until`), `interval` seconds apart."""
         self.poll(show=False)
-        if self.how == "table":
-            print("following new events and todos (Ctrl-C stops)", file=sys.stderr, flush=True)
+        # On standard error in both modes: a script reading the JSON lines can wait for it before it acts.
+        print(READY, file=sys.stderr, flush=True)
         while until is None or time.monotonic() < until:
             time.sleep(interval)
             self.poll(show=True)

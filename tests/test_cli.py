@@ -18,9 +18,9 @@ README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 def run(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[str, dict[str, Any]]:
     sent: list[tuple[str, dict[str, Any]]] = []
 
-    def admin(settings: Settings, verb: str, body: dict[str, Any]) -> int:
+    def admin(settings: Settings, args: Any, verb: str, body: dict[str, Any]) -> dict[str, Any]:
         sent.append((verb, body))
-        return 0
+        return {}
 
     monkeypatch.setattr(cli.main, "_admin", admin)
     args = cli.main.build_parser().parse_args(list(argv))
@@ -77,9 +77,9 @@ def test_every_admin_verb_has_a_command_and_the_readme_names_both() -> None:
 def run_agent(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[str, dict[str, Any]]:
     sent: list[tuple[str, dict[str, Any]]] = []
 
-    def agent(settings: Settings, args: Any, verb: str, body: dict[str, Any]) -> tuple[int, None]:
+    def agent(settings: Settings, args: Any, verb: str, body: dict[str, Any]) -> dict[str, Any]:
         sent.append((verb, body))
-        return 0, None
+        return {}
 
     monkeypatch.setattr(cli.main, "_agent", agent)
     args = cli.main.build_parser().parse_args([*argv, "--credential", "sbk_x"])
