@@ -11,7 +11,8 @@ import pytest
 import cli.main
 from api.verbs import ADMIN_VERBS, REGISTRY
 from cli.client import CliError, admin_token, api_url
-from cli.output import cell, render, table
+from cli.output import cell, mode, render, table
+from cli.tail import Tail
 from routing.sources import SOURCE_TYPES
 from switchboard.settings import Settings
 
@@ -234,3 +235,58 @@ def test_tables_and_key_value_lines() -> None:
     lines, _ = render({"webhooks": [{"webhook_id": "wh_1"}], "ceiling": {"max": 5, "used": 1}})
     assert lines == ["WEBHOOK_ID", "wh_1", "", 'ceiling: {"max":5,"used":1}']
     assert cell("x" * 100) == "x" * 100 and table([{"a": "x" * 100, "b": 1}])[1].startswith("x" * 59 + "…")
+
+
+def test_output_is_a_table_on_a_terminal_and_json_into_a_pipe() -> None:
+    class Stream:
+        def __init__(self, tty: bool) -> None:
+            self.tty = tty
+
+        def isatty(self) -> bool:
+            return self.tty
+
+    assert mode(None, Stream(True)) == "table"  # type: ignore[arg-type]
+    assert mode(None, Stream(False)) == "json"  # type: ignore[arg-type]
+    assert mode("json", Stream(True)) == "json"  # type: ignore[arg-type]
+    assert mode("table", Stream(False)) == "table"  # type: ignore[arg-type]
+
+
+def test_tail_prints_only_what_is_new_once_including_late_commits_and_state_changes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    events: list[dict[str, Any]] = []
+    todos: list[dict[str, Any]] = []
+
+    def event(n: int, at: str) -> dict[str, Any]:
+        return {"id": f"ev_{n}", "received_at": at, "source": "github", "kind": "issues", "disposition": "routed",
+                "webhook_id": "wh_1", "todo_ids": []}  # fmt: skip
+
+    def fake(verb: str, body: dict[str, Any]) -> dict[str, Any]:
+        rows = events if verb == "list_webhook_events" else todos
+        since = body.get("since")
+        picked = sorted(
+            (r for r in rows if since is None or r["received_at"] >= since),
+            key=lambda r: r.get("received_at") or r["created_at"],
+            reverse=True,
+        )
+        return {"events" if verb == "list_webhook_events" else "todos": picked[: body["limit"]]}
+
+    tail = Tail(fake, "json", webhook_id=None, queue=None)
+    events.append(event(1, "2026-12-01T10:00:00+00:00"))
+    tail.poll(show=False)  # what was there before tail started is not printed
+    events.append(event(2, "2026-12-01T10:00:05+00:00"))
+    todos.append({"id": "td_1", "created_at": "2026-12-01T10:00:05+00:00", "queue": "work", "state": "pending",
+                  "title": "t"})  # fmt: skip
+    tail.poll(show=True)
+    # A delivery received earlier than the newest shown commits late; a todo is claimed; nothing else changes.
+    events.append(event(3, "2026-12-01T10:00:03+00:00"))
+    todos[0] = {**todos[0], "state": "claimed"}
+    tail.poll(show=True)
+    tail.poll(show=True)
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(p["type"], p["id"], p.get("previous_state")) for p in printed] == [
+        ("event", "ev_2", None),
+        ("todo", "td_1", None),
+        ("event", "ev_3", None),
+        ("todo", "td_1", "pending"),
+    ]
