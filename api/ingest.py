@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import re
 import time
@@ -19,7 +18,7 @@ from api.bodies import read_capped
 from api.deps import AdmissionDep, InboxDep, IngestLimitsDep, SettingsDep, TemporalDep, WebhooksDep
 from api.ratelimit import TokenBuckets, retry_after
 from routing.collectors import BrokenCollectorConfig, delivery_kind, stored_collector_config
-from routing.delivery import CommitResult, DeliveryInput
+from routing.delivery import CommitResult, DeliveryInput, carried_body
 from routing.envelope import parse_payload
 from routing.headers import lower_headers, sanitize_headers
 from routing.signatures import MissingSecret
@@ -192,7 +191,8 @@ async def _receive(
         verify_detail=verification.detail,
         content_type=clean_optional(request.headers.get("content-type"), MAX_HEADER_VALUE_CHARS),
         headers=sanitize_headers(raw_headers),
-        body_b64=base64.b64encode(body).decode(),
+        # Parsed once, here: a JSON body travels as its value (readable in the UI, never parsed again).
+        **carried_body(body, payload),
         source_ip=client_ip,
         received_at=datetime.now(UTC).isoformat(),
         evaluate_locally=settings.evaluate_locally,
