@@ -86,7 +86,7 @@ def _shallow(value: Any) -> bool:
         if depth > MAX_CARRIED_DEPTH:
             return False
         children = item.values() if isinstance(item, dict) else item
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list) and child)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
     return True
 
 
