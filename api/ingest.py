@@ -178,7 +178,11 @@ async def _receive(
         # Slack's endpoint handshake (signed like any delivery): answer the challenge, mint nothing.
         return JSONResponse({"challenge": payload["challenge"]}, status_code=200)
 
-    external_id = f"{webhook.id}:{delivery_id(webhook.source_type, headers, body)}"
+    # Parsed once, here: a JSON body travels as its value (readable in the UI, never parsed again), and such a
+    # value is exactly json.loads(body) (its bytes are a dump of it), so the delivery id is read from it too.
+    carried = carried_body(body, payload)
+    parsed = (payload,) if "body_layout" in carried else ()
+    external_id = f"{webhook.id}:{delivery_id(webhook.source_type, headers, body, *parsed)}"
     kind = delivery_kind(webhook.source_type, webhook.config, headers, payload)
     delivery = DeliveryInput(
         webhook_id=webhook.id,
@@ -191,8 +195,7 @@ async def _receive(
         verify_detail=verification.detail,
         content_type=clean_optional(request.headers.get("content-type"), MAX_HEADER_VALUE_CHARS),
         headers=sanitize_headers(raw_headers),
-        # Parsed once, here: a JSON body travels as its value (readable in the UI, never parsed again).
-        **carried_body(body, payload),
+        **carried,
         source_ip=client_ip,
         received_at=datetime.now(UTC).isoformat(),
         evaluate_locally=settings.evaluate_locally,

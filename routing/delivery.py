@@ -8,7 +8,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field, model_validator
 
-from routing.envelope import build_envelope, parse_payload
+from routing.envelope import build_envelope, parse_payload, parse_payload_checked
 from routing.models import Decision, EventDisposition
 
 # committed: the delivery is an event (whatever its disposition); gone: the webhook no longer exists;
@@ -176,6 +176,13 @@ class DeliveryInput(BaseModel):
         if self.body_text is not None:
             return self.body_text.encode()
         return base64.b64decode(self.body_b64 or "")
+
+    def payload_checked(self, body: bytes) -> tuple[Any, bool]:
+        """parse_payload_checked of this delivery's ``body`` (from body()); a body carried as JSON is not parsed again."""
+        if self.body_layout is not None:
+            # Its bytes are a dump of this value, so nothing in it was replaced: it is the parse, and not lossy.
+            return self.body_json, False
+        return parse_payload_checked(body)
 
     def size(self) -> int:
         """The body's length in bytes, without rebuilding it."""
