@@ -96,3 +96,14 @@ def test_exactly_one_form_and_a_value_that_does_not_give_back_its_size_is_refuse
     altered = delivery(b"", body_json={"a": 12}, body_layout="compact", body_size=7)
     with pytest.raises(ValueError, match="does not give back the body's 7 bytes"):
         altered.body()
+
+
+def test_the_delivery_id_reads_a_carried_value_like_the_body_it_was_parsed_from() -> None:
+    from routing.sources import delivery_id
+
+    body = json.dumps({"id": "evt_1", "type": "invoice.paid"}).encode()
+    d = delivery(body)
+    headers: dict[str, str] = {}
+    assert delivery_id("stripe", headers, body, d.body_json) == delivery_id("stripe", headers, body) == "evt_1"
+    # A value that is not an object has no fields: the content-addressed id, as for the body itself.
+    assert delivery_id("stripe", headers, b"[1]", [1]) == delivery_id("stripe", headers, b"[1]")
