@@ -69,9 +69,17 @@ class RouteActivities:
             return Evaluation()
         if self.sandbox is None:
             return Evaluation(faults=[Fault(rule_index=-1, cause="sandbox_failure", detail="no sandbox")])
-        if data.envelope is None:
-            data = data.model_copy(update={"envelope": (await started_delivery()).envelope()})
-        task = asyncio.ensure_future(evaluator(self.sandbox)(data))
+        evaluate = evaluator(self.sandbox)
+
+        async def run() -> Evaluation:
+            request = data
+            if request.envelope is None:
+                # RouteDelivery records the body once, in its input: the envelope is rebuilt from there.
+                request = data.model_copy(update={"envelope": (await started_delivery()).envelope()})
+            return await evaluate(request)
+
+        # Reading the start event is inside the heartbeat loop too: a slow history read is not a dead worker.
+        task = asyncio.ensure_future(run())
         while True:
             done, _ = await asyncio.wait({task}, timeout=0.5)
             if done:
