@@ -5,16 +5,31 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.errors import application_errors
 from activities.models import LoadGrantInput, LoadGrantResult
-from routing.delivery import CommitInput, CommitResult, FaultCommitInput
+from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultCommitInput
 from routing.models import EvaluateInput, Evaluation, Fault
 from routing.router import RuleEvaluator, evaluator
 from store.deliveries import DeliveryStore
 from store.errors import NotFound
 from store.webhooks import WebhookStore
 from switchboard.metrics import record_delivery
+
+
+async def started_delivery() -> DeliveryInput:
+    """The running activity's RouteDelivery input, read from the run's first history event."""
+    info = activity.info()
+    client = activity.client()
+    handle = client.get_workflow_handle(info.workflow_id or "", run_id=info.workflow_run_id)
+    async for event in handle.fetch_history_events(page_size=1):
+        started = event.workflow_execution_started_event_attributes
+        [delivery] = await client.data_converter.decode(started.input.payloads, [DeliveryInput])
+        if isinstance(delivery, DeliveryInput):
+            return delivery
+        break
+    raise ApplicationError(f"the start event of {info.workflow_id} holds no delivery", non_retryable=True)
 
 
 class RouteActivities:
@@ -54,7 +69,17 @@ class RouteActivities:
             return Evaluation()
         if self.sandbox is None:
             return Evaluation(faults=[Fault(rule_index=-1, cause="sandbox_failure", detail="no sandbox")])
-        task = asyncio.ensure_future(evaluator(self.sandbox)(data))
+        evaluate = evaluator(self.sandbox)
+
+        async def run() -> Evaluation:
+            request = data
+            if request.envelope is None:
+                # RouteDelivery records the body once, in its input: the envelope is rebuilt from there.
+                request = data.model_copy(update={"envelope": (await started_delivery()).envelope()})
+            return await evaluate(request)
+
+        # Reading the start event is inside the heartbeat loop too: a slow history read is not a dead worker.
+        task = asyncio.ensure_future(run())
         while True:
             done, _ = await asyncio.wait({task}, timeout=0.5)
             if done:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 from datetime import UTC, datetime
 
@@ -10,7 +9,7 @@ from pydantic import BaseModel
 from temporalio import activity
 
 from activities.errors import application_errors
-from routing.delivery import DeliveryInput
+from routing.delivery import DeliveryInput, carried_body
 from store.schedules import SCHEDULE_SOURCE, SCHEDULE_TRUST_MODE, ScheduleStore
 
 FIRE_KIND = "schedule.fired"
@@ -93,7 +92,7 @@ class ScheduleActivities:
             verify_detail="schedule",
             content_type="application/json",
             headers={},
-            body_b64=base64.b64encode(body).decode(),
+            **carried_body(body),
             source_ip=None,
             received_at=datetime.now(UTC).isoformat(),
         )

@@ -14,6 +14,7 @@ from temporalio.client import Client
 
 from api import ingest, stream
 from api.clientaddr import ClientAddressMiddleware
+from api.codec import codec_router
 from api.deps import HealthPoolDep, Services, SettingsDep, TemporalDep
 from api.docs import install_docs
 from api.doorbell import run_doorbell
@@ -85,6 +86,7 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
     app.include_router(ingest.router)
     install_verb_routes(app)
     app.include_router(stream.router)
+    app.include_router(codec_router(settings))
     mcp.install(app)
 
     @app.get("/healthz", summary="Ready when PostgreSQL and Temporal answer.", tags=["health"])

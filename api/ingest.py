@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import re
 import time
@@ -19,7 +18,7 @@ from api.bodies import read_capped
 from api.deps import AdmissionDep, InboxDep, IngestLimitsDep, SettingsDep, TemporalDep, WebhooksDep
 from api.ratelimit import TokenBuckets, retry_after
 from routing.collectors import BrokenCollectorConfig, delivery_kind, stored_collector_config
-from routing.delivery import CommitResult, DeliveryInput
+from routing.delivery import CommitResult, DeliveryInput, carried_body
 from routing.envelope import parse_payload
 from routing.headers import lower_headers, sanitize_headers
 from routing.signatures import MissingSecret
@@ -179,7 +178,11 @@ async def _receive(
         # Slack's endpoint handshake (signed like any delivery): answer the challenge, mint nothing.
         return JSONResponse({"challenge": payload["challenge"]}, status_code=200)
 
-    external_id = f"{webhook.id}:{delivery_id(webhook.source_type, headers, body)}"
+    # Parsed once, here: a JSON body travels as its value (readable in the UI, never parsed again), and such a
+    # value is exactly json.loads(body) (its bytes are a dump of it), so the delivery id is read from it too.
+    carried = carried_body(body, payload)
+    parsed = (payload,) if "body_layout" in carried else ()
+    external_id = f"{webhook.id}:{delivery_id(webhook.source_type, headers, body, *parsed)}"
     kind = delivery_kind(webhook.source_type, webhook.config, headers, payload)
     delivery = DeliveryInput(
         webhook_id=webhook.id,
@@ -192,7 +195,7 @@ async def _receive(
         verify_detail=verification.detail,
         content_type=clean_optional(request.headers.get("content-type"), MAX_HEADER_VALUE_CHARS),
         headers=sanitize_headers(raw_headers),
-        body_b64=base64.b64encode(body).decode(),
+        **carried,
         source_ip=client_ip,
         received_at=datetime.now(UTC).isoformat(),
         evaluate_locally=settings.evaluate_locally,

@@ -70,9 +70,12 @@ def run_dev(settings: Settings) -> int:
                     port=settings.temporal_port,
                     ui_port=settings.temporal_ui_port,
                     log_file=home / "temporal.log",
+                    ui_codec_endpoint=f"{settings.base_url()}/codec" if settings.payload_key else None,
                 )
             )
             ui = f"http://localhost:{settings.temporal_ui_port}"
+            if settings.payload_key:
+                ui += f" (payloads sealed: sign in at {settings.base_url()}/codec/login to read them)"
         applied = migrate(settings.database_url)
         base = settings.base_url()
         print(

@@ -110,9 +110,17 @@ def _wait_port(host: str, port: int, timeout: float) -> None:
 
 @contextlib.contextmanager
 def temporal_dev_server(
-    db_file: Path, *, port: int = 7233, ui_port: int = 8233, log_file: Path | None = None
+    db_file: Path,
+    *,
+    port: int = 7233,
+    ui_port: int = 8233,
+    log_file: Path | None = None,
+    ui_codec_endpoint: str | None = None,
 ) -> Iterator[str]:
-    """Run `temporal server start-dev` with a persistent database file; yields host:port."""
+    """Run `temporal server start-dev` with a persistent database file; yields host:port.
+
+    ``ui_codec_endpoint``: the UI decodes sealed payloads there (api/codec.py), once signed in at its /login.
+    """
     db_file.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         temporal_cli(),
@@ -135,6 +143,7 @@ def temporal_dev_server(
         "--color",
         "never",
         *dev_server_args(),
+        *(["--ui-codec-endpoint", ui_codec_endpoint] if ui_codec_endpoint else []),
     ]
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=out, stdin=subprocess.DEVNULL)

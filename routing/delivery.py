@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
-from routing.envelope import build_envelope
+from routing.envelope import build_envelope, parse_payload, parse_payload_checked
 from routing.models import Decision, EventDisposition
 
 # committed: the delivery is an event (whatever its disposition); gone: the webhook no longer exists;
@@ -37,8 +38,11 @@ class Received(Protocol):
         ...
 
 
-def envelope_of(received: Received) -> dict[str, Any]:
-    """The routing envelope of a delivery, in flight or stored: what rules, dry-run and backtest see."""
+def envelope_of(received: Received, parsed: tuple[Any, int] | None = None) -> dict[str, Any]:
+    """The routing envelope of a delivery, in flight or stored: what rules, dry-run and backtest see.
+
+    ``parsed`` is the body's parse_payload value and byte size when the caller holds them already.
+    """
     return build_envelope(
         source=received.source,
         webhook_id=received.webhook_id,
@@ -46,10 +50,76 @@ def envelope_of(received: Received) -> dict[str, Any]:
         verified=received.verified,
         content_type=received.content_type,
         headers=received.headers,
-        body=received.body(),
+        body=received.body() if parsed is None else None,
+        parsed=parsed,
         # The receiver's own kind (a collector's kind rule may have set it), never re-derived.
         kind=received.kind,
     )
+
+
+# How a JSON body is laid out, as json.dumps arguments: a body laid out one of these ways travels as its parsed
+# value (readable in the Temporal UI, and parsed once), and its exact bytes come back by dumping that value.
+_LAYOUTS: dict[str, dict[str, Any]] = {
+    "compact": {"separators": (",", ":")},
+    "spaced": {},
+    "indent2": {"indent": 2},
+    "indent4": {"indent": 4},
+}
+# Temporal's pydantic converter refuses values nested much deeper (about 250 levels, with the models around the
+# body); a deeper body travels as text.
+MAX_CARRIED_DEPTH = 64
+_UNPARSED: Any = object()
+
+
+def _dump(value: Any, layout: str) -> bytes:
+    """The exact bytes of a body carried as JSON, from its value and layout (``name[+ascii][+lf]``)."""
+    name, *flags = layout.split("+")
+    text = json.dumps(value, ensure_ascii="ascii" in flags, allow_nan=False, **_LAYOUTS[name])
+    return (text + ("\n" if "lf" in flags else "")).encode()
+
+
+def _shallow(value: Any) -> bool:
+    """Whether ``value`` nests at most MAX_CARRIED_DEPTH containers deep."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_CARRIED_DEPTH:
+            return False
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return True
+
+
+def _layout_of(body: bytes, payload: Any) -> str | None:
+    """The layout whose dump of ``payload`` is exactly ``body``, if one is."""
+    if not isinstance(payload, dict | list) or not _shallow(payload):
+        return None
+    core, lf = (body[:-1], "+lf") if body.endswith(b"\n") else (body, "")
+    ascii_ = "+ascii" if core.isascii() else ""
+    head = core[:256]
+    names = ("indent2", "indent4") if b"\n" in head else ("spaced",) if b'": ' in head else ("compact",)
+    for name in names:
+        layout = name + ascii_ + lf
+        if _dump(payload, layout) == body:
+            return layout
+    return None
+
+
+def carried_body(body: bytes, payload: Any = _UNPARSED) -> dict[str, Any]:
+    """The DeliveryInput fields that carry ``body`` (``payload`` is its parse_payload, when already parsed).
+
+    Once in the workflow's history and readable there: a JSON object or array whose exact bytes come back from
+    its value as its parsed value, other UTF-8 as text, anything else as base64.
+    """
+    if payload is _UNPARSED:
+        payload = parse_payload(body)
+    layout = _layout_of(body, payload)
+    if layout is not None:
+        return {"body_json": payload, "body_layout": layout, "body_size": len(body)}
+    try:
+        return {"body_text": body.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"body_b64": base64.b64encode(body).decode()}
 
 
 class DeliveryInput(BaseModel):
@@ -65,7 +135,13 @@ class DeliveryInput(BaseModel):
     verify_detail: str
     content_type: str | None
     headers: dict[str, str]
-    body_b64: str
+    # The body, in exactly one of three forms (carried_body): its JSON value with the layout that gives back its
+    # exact bytes, its UTF-8 text, or base64 (every delivery recorded before the first two existed).
+    body_b64: str | None = None
+    body_text: str | None = None
+    body_json: Any = None
+    body_layout: str | None = None
+    body_size: int | None = None
     source_ip: str | None
     received_at: str
     # Run rule evaluation as a local activity (no extra workflow task; a dead worker is then noticed by the
@@ -80,9 +156,41 @@ class DeliveryInput(BaseModel):
     reroute_of: str | None = None
     idempotency_key: str | None = None
 
+    @model_validator(mode="after")
+    def _one_body(self) -> DeliveryInput:
+        forms = [self.body_b64 is not None, self.body_text is not None, self.body_layout is not None]
+        if sum(forms) != 1:
+            raise ValueError("a delivery carries its body in exactly one of body_b64, body_text, body_json")
+        if self.body_layout is not None and (self.body_size is None or self.body_layout.split("+")[0] not in _LAYOUTS):
+            raise ValueError("body_json needs a known body_layout and its body_size")
+        return self
+
     def body(self) -> bytes:
         """The raw body, exactly as received."""
-        return base64.b64decode(self.body_b64)
+        if self.body_layout is not None:
+            data = _dump(self.body_json, self.body_layout)
+            if len(data) != self.body_size:
+                # Never store or route bytes other than the producer's: fail the step instead (visible, retried).
+                raise ValueError(f"body_json does not give back the body's {self.body_size} bytes")
+            return data
+        if self.body_text is not None:
+            return self.body_text.encode()
+        return base64.b64decode(self.body_b64 or "")
+
+    def payload_checked(self, body: bytes) -> tuple[Any, bool]:
+        """parse_payload_checked of this delivery's ``body`` (from body()); a body carried as JSON is not parsed again."""
+        if self.body_layout is not None:
+            # Its bytes are a dump of this value, so nothing in it was replaced: it is the parse, and not lossy.
+            return self.body_json, False
+        return parse_payload_checked(body)
+
+    def size(self) -> int:
+        """The body's length in bytes, without rebuilding it."""
+        if self.body_size is not None:
+            return self.body_size
+        if self.body_text is not None:
+            return len(self.body_text.encode())
+        return len(base64.b64decode(self.body_b64 or ""))
 
     def todo_key(self) -> str:
         """The idempotency key of the todos this delivery mints: the delivery's own, also when re-routed."""
@@ -90,7 +198,10 @@ class DeliveryInput(BaseModel):
 
     def envelope(self) -> dict[str, Any]:
         """The routing envelope of this delivery, as rules, dry-run and backtest see it."""
-        return envelope_of(self)
+        if self.body_layout is None:
+            return envelope_of(self)
+        # The body travelled as its parsed value (carried_body): route on it, never dump and parse it again.
+        return envelope_of(self, parsed=(self.body_json, self.size()))
 
 
 class CommitInput(BaseModel):

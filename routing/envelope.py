@@ -228,16 +228,23 @@ def build_envelope(
     verified: bool,
     content_type: str | None,
     headers: Mapping[str, str],
-    body: bytes,
+    body: bytes | None,
     kind: str | None = None,
+    parsed: tuple[Any, int] | None = None,
 ) -> dict[str, Any]:
     """Build the routing envelope; switchboard-derived fields on top, producer content below.
 
     kind, when given, is the receiver's own derivation (a generic collector's configured kind rule or a
     CloudEvents type); otherwise .kind is derived here from the source's headers or signed body.
+    ``parsed`` is (parse_payload(body), len(body)) when the caller parsed the body already (body is then None).
     """
     lowered = {str(name).lower(): str(value) for name, value in headers.items()}
-    payload = parse_payload(body)
+    if parsed is not None:
+        payload, size = parsed
+    elif body is not None:
+        payload, size = parse_payload(body), len(body)
+    else:
+        raise ValueError("an envelope is built from the body or its parsed value")
     # Every top-level key is assigned from switchboard state or a switchboard projection; nothing from
     # the payload is ever merged into this dict, so a producer cannot forge .verified or .source.
     return {
@@ -247,7 +254,7 @@ def build_envelope(
         "trust_mode": trust_mode,
         "verified": verified is True,
         "content_type": content_type or None,
-        "size": len(body),
+        "size": size,
         "headers": lowered,
         "payload": payload,
         "artifact": build_artifact(payload) if source == "cairn" else None,

@@ -90,7 +90,9 @@ class EvaluateInput(BaseModel):
 
     rules: list[dict[str, Any]]
     params: dict[str, Any] | None = None
-    envelope: dict[str, Any]
+    # None in RouteDelivery's regular evaluate activity: the body travels once in the history (in the workflow's
+    # input), so the activity builds the envelope from the run's start event (RouteActivities.evaluate_rules).
+    envelope: dict[str, Any] | None = None
 
 
 class Mint(BaseModel):

@@ -8,13 +8,12 @@ outcome: its latest re-route, else the original. Routing itself is routing.route
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Sequence
 from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from routing.delivery import CommitResult, DeliveryInput, TodoRef
+from routing.delivery import CommitResult, DeliveryInput, TodoRef, carried_body
 from routing.models import Grant
 from routing.replay import History, Outcome, once_keys, replay_events, simulate_once
 from routing.router import Evaluate
@@ -61,7 +60,7 @@ def reroute_input(
         verify_detail=stored.verify_detail or "",
         content_type=stored.content_type,
         headers=stored.headers,
-        body_b64=base64.b64encode(stored.payload).decode(),
+        **carried_body(stored.payload),
         source_ip=stored.source_ip,
         # The delivery's own arrival: a re-route sorts, filters and is retained with its original.
         received_at=stored.received_at.isoformat(),

@@ -66,6 +66,8 @@ def evaluator(pool: RuleEvaluator) -> Evaluate:
     """The evaluate step served by a sandbox pool of this process."""
 
     async def evaluate(request: EvaluateInput) -> Evaluation:
+        if request.envelope is None:
+            raise ValueError("a sandbox evaluates rules on an envelope")
         return await pool.evaluate(request.rules, request.params, request.envelope)
 
     return evaluate

@@ -30,6 +30,8 @@ from routing.signatures import (
 )
 from routing.text import MAX_DELIVERY_ID_BYTES, clean_text
 
+_UNPARSED: Any = object()
+
 TrustMode = Literal["signed", "token", "internal"]
 # signed: the body carries the producer's HMAC under a per-webhook secret. token: the unguessable ingest URL is
 # the credential and the body is not verified (unless a generic collector configures an HMAC). internal:
@@ -261,14 +263,21 @@ def body_fallback_id(body: bytes) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
-def delivery_id(source: str, headers: Mapping[str, str], body: bytes) -> str:
+def delivery_id(source: str, headers: Mapping[str, str], body: bytes, parsed: Any = _UNPARSED) -> str:
     """The delivery id the idempotency key is built from: the producer's, else a SHA-256 of the body.
 
-    ValueError for an unknown or reserved source type.
+    ``parsed``, when given, is the body's ``json.loads`` value, which the receiver already holds (a body carried
+    as JSON, routing.delivery.carried_body), so the body is not parsed again. ValueError for an unknown or
+    reserved source type.
     """
     rule = _public(source).delivery_id
     # Parsed only when the rule reads the body: a GitHub delivery's id is a header, its body may be 25 MiB.
-    document = json_object(body) if rule.reads_body(headers) else None
+    document: dict[str, Any] | None = None
+    if rule.reads_body(headers):
+        if parsed is _UNPARSED:
+            document = json_object(body)
+        else:
+            document = parsed if isinstance(parsed, dict) else None
     found = _producer_id(rule, headers, document)
     return found if found is not None else body_fallback_id(body)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import (
+    Priority,
     SearchAttributePair,
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
@@ -52,6 +53,10 @@ async def start_delivery(
         rpc_timeout=timedelta(seconds=settings.temporal_start_timeout_seconds),
         # Taken only when this process also hosts a worker on the task queue (switchboard dev / api, the relay).
         request_eager_start=settings.eager_start,
+        # The webhook's owning endpoint is the tenant, as for its evaluations: the run's workflow and activity
+        # tasks that go through matching are handed out round-robin across endpoints with queued work, so one
+        # endpoint's flood (a relay draining its backlog, a re-route batch) cannot hold another's deliveries.
+        priority=Priority(fairness_key=delivery.endpoint_id),
     )
     return handle, started_run(handle)
 

@@ -10,7 +10,6 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
 from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultCommitInput, TodoRef
-from routing.envelope import parse_payload_checked
 from routing.models import Decision
 from routing.text import clean_text
 from routing.titles import todo_title
@@ -309,7 +308,7 @@ class DeliveryStore:
         """Mint the planned todos and ring the doorbell for each new one; a target with a live todo keeps it."""
         if not planned:
             return []
-        parsed, lossy = parse_payload_checked(body)
+        parsed, lossy = d.payload_checked(body)
         title = todo_title(d.source, d.kind, parsed)
         cur = await conn.execute(
             _INSERT_TODOS,

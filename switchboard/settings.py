@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     task_queue: str = "switchboard"
     admin_token: str | None = None
     secret_key: str | None = Field(default=None, description="hex AES-256 key for secrets at rest")
+    # The optional payload codec (switchboard/codec.py): Temporal payloads sealed with AES-256-GCM. Old keys only
+    # open (rotation); the codec endpoint (/codec, api/codec.py) answers browsers of these origins only.
+    payload_key: str | None = None
+    payload_old_keys: str = ""
+    codec_origins: str = ""
     ingest_body_max: int = 1024 * 1024
     agent_body_max: int = 1024 * 1024
     # Total time a producer waits for the routed answer; a per-source cap (routing.sources, wait_cap_seconds)
@@ -123,6 +128,20 @@ class Settings(BaseSettings):
         if (self.temporal_tls_cert_file is None) != (self.temporal_tls_key_file is None):
             raise ValueError("SWITCHBOARD_TEMPORAL_TLS_CERT_FILE and _KEY_FILE must be set together")
         return self
+
+    @model_validator(mode="after")
+    def _payload_keys(self) -> Settings:
+        from switchboard.codec import payload_codec
+
+        payload_codec(self.payload_key, self.payload_old_keys)  # a malformed key refuses to start
+        return self
+
+    def codec_allowed_origins(self) -> frozenset[str]:
+        """Browser origins the codec endpoint answers: SWITCHBOARD_CODEC_ORIGINS, else the local Temporal UI."""
+        if self.codec_origins.strip():
+            return frozenset(o.strip().rstrip("/") for o in self.codec_origins.split(",") if o.strip())
+        port = self.temporal_ui_port
+        return frozenset({f"http://localhost:{port}", f"http://127.0.0.1:{port}"})
 
     @field_validator("forwarded_allow_ips")
     @classmethod

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter
 from temporalio.service import TLSConfig
 
 from switchboard import tracing
+from switchboard.codec import payload_codec
 from switchboard.logs import install_masking
 from switchboard.metrics import temporal_runtime
 from switchboard.request_ids import RequestIdInterceptor
@@ -28,13 +31,22 @@ async def connect(settings: Settings, address: str | None = None, *, lazy: bool 
     return await Client.connect(
         target,
         namespace=settings.temporal_namespace,
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(settings),
         lazy=lazy,
         # The process's one Runtime: the SDK's metrics (this client's and its workers') join /metrics.
         runtime=temporal_runtime(),
         interceptors=[RequestIdInterceptor(), *tracing.interceptors()],
         **connect_security(settings),
     )
+
+
+def data_converter(settings: Settings) -> DataConverter:
+    """The pydantic converter, with the AES-GCM payload codec when SWITCHBOARD_PAYLOAD_KEY is set."""
+    codec = payload_codec(settings.payload_key, settings.payload_old_keys)
+    if codec is None:
+        return pydantic_data_converter
+    install_masking([settings.payload_key, *(k.strip() for k in settings.payload_old_keys.split(","))])
+    return dataclasses.replace(pydantic_data_converter, payload_codec=codec)
 
 
 def connect_security(settings: Settings) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from api.app import create_app
 from cli.embedded import dev_server_args, start_postgres, temporal_cli
 from store.db import migrate, open_pool
 from switchboard.settings import Settings
+from switchboard.temporal import data_converter
 from worker import build_worker
 
 ALL_VERBS = None  # resolved lazily from the registry
@@ -179,10 +180,20 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def running_stack(
-    tmp_path: Path, database_url: str, client: Client, sandbox: Any, *, with_worker: bool = True
+    tmp_path: Path,
+    database_url: str,
+    client: Client,
+    sandbox: Any,
+    *,
+    with_worker: bool = True,
+    payload_key: str | None = None,
 ) -> AsyncIterator[Stack]:
     task_queue = f"tq-{uuid.uuid4().hex[:10]}"
     settings = make_settings(tmp_path, database_url, client.service_client.config.target_host, task_queue)
+    if payload_key:
+        # The payload codec, as connect() would build it: API and worker seal and open with the same key.
+        settings.payload_key = payload_key
+        client = Client(client.service_client, namespace=client.namespace, data_converter=data_converter(settings))
     app = create_app(settings)
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(app.router.lifespan_context(app))

@@ -81,7 +81,7 @@ def summary_line(delivery: DeliveryInput, envelope: Mapping[str, Any] | None) ->
 
 def start_details(delivery: DeliveryInput) -> str:
     """Fixed markdown details of the delivery as received: webhook, producer id, trust, size."""
-    size = len(delivery.body_b64) * 3 // 4
+    size = delivery.size()
     lines = [
         f"**webhook** `{plain(delivery.webhook_id)}` · endpoint `{plain(delivery.endpoint_id)}`",
         f"**delivery** `{plain(delivery.external_id)}`",
@@ -142,12 +142,13 @@ def _fault_line(fault: Mapping[str, Any]) -> str:
     return line
 
 
-# The receiver parses a body once already; a huge one is not parsed again only to name its subject here.
+# The receiver parses a body once already: a JSON body travels as its value, and a huge one that does not is
+# not parsed again only to name its subject here.
 MAX_DESCRIBED_BODY = 1 << 20
 
 
 def received_envelope(delivery: DeliveryInput) -> dict[str, Any] | None:
     """The envelope the start's summary and producer id are read from; None for a body too large to parse again."""
-    if len(delivery.body_b64) * 3 // 4 > MAX_DESCRIBED_BODY:
+    if delivery.body_layout is None and delivery.size() > MAX_DESCRIBED_BODY:
         return None
     return delivery.envelope()

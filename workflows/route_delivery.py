@@ -131,7 +131,9 @@ class RouteDelivery:
         try:
             return await workflow.execute_activity_method(
                 RouteActivities.evaluate_rules,
-                rules,
+                # Without the envelope: the activity rebuilds it from this run's input, so the body is recorded
+                # once (a regular activity's input is recorded; a command's arguments are not compared on replay).
+                rules.model_copy(update={"envelope": None}),
                 task_queue=evaluate_task_queue(workflow.info().task_queue),
                 # Waiting for a slot and running are bounded apart: a flood waits its turn (queueing), while a
                 # worker that died mid-evaluation is still noticed by the heartbeat within seconds.

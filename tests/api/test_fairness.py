@@ -175,3 +175,18 @@ async def test_an_evaluation_that_fails_every_attempt_is_decided_as_sandbox_fail
         [fault] = trace["faults"]
         assert fault["cause"] == "sandbox_failure" and "sandbox exploded" in fault["detail"]
         assert trace["stage"] == "default" and queues == ["work"] and disposition == "routed"
+
+
+async def test_a_delivery_run_starts_with_its_endpoint_as_fairness_key(stack: Stack) -> None:
+    from workflows.route_delivery import workflow_id_for
+
+    agent = await stack.agent()
+    webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
+    resp = await post_github(stack.http, webhook, issue_payload(), delivery="fair-start-1")
+    assert resp.status_code == 202
+    handle = stack.temporal.get_workflow_handle(
+        workflow_id_for(webhook["webhook_id"], f"{webhook['webhook_id']}:fair-start-1")
+    )
+    # The run's workflow tasks that go through matching are fair across endpoints, as its evaluations are.
+    info = (await handle.describe()).raw_description.workflow_execution_info
+    assert info.priority.fairness_key == agent.endpoint_id

@@ -186,6 +186,7 @@ async def test_backtest_replays_oldest_first_and_answers_newest_first() -> None:
     seen: list[int] = []
 
     async def step(request: EvaluateInput) -> Evaluation:
+        assert request.envelope is not None
         seen.append(request.envelope["payload"]["issue"]["number"])
         return Evaluation()
 

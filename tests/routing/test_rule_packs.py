@@ -108,6 +108,7 @@ def step_of(evaluate: Evaluator) -> Evaluate:
     """An in-process evaluator as the router's evaluate step."""
 
     async def step(request: EvaluateInput) -> Evaluation:
+        assert request.envelope is not None
         return evaluate(request.rules, request.params, request.envelope)
 
     return step
