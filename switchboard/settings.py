@@ -9,6 +9,8 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from switchboard.codec import payload_codec
+
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -131,8 +133,6 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _payload_keys(self) -> Settings:
-        from switchboard.codec import payload_codec
-
         payload_codec(self.payload_key, self.payload_old_keys)  # a malformed key refuses to start
         return self
 
