@@ -15,6 +15,7 @@ means) and is bounded by ``timeout_seconds`` end to end.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import importlib.util
 import json
@@ -220,7 +221,14 @@ class _Embedded:
                 from llama_cpp import Llama
 
                 self._llama = Llama(model_path=str(path), n_ctx=2048, n_threads=2, verbose=False)
+                # Freed before interpreter teardown: llama.cpp's finalizer fails once its module globals are gone.
+                atexit.register(self._close)
             return self._llama
+
+    def _close(self) -> None:
+        llama, self._llama = self._llama, None
+        if llama is not None:
+            llama.close()
 
     def _complete(
         self, messages: list[dict[str, str]], schema: dict[str, Any], deadline: float, max_tokens: int
