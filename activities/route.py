@@ -15,7 +15,7 @@ from routing.router import RuleEvaluator, evaluator
 from store.deliveries import DeliveryStore
 from store.errors import NotFound
 from store.webhooks import WebhookStore
-from switchboard.metrics import record_delivery
+from switchboard.metrics import record_delivery, record_triage_decision
 
 
 async def started_delivery() -> DeliveryInput:
@@ -104,6 +104,8 @@ class RouteActivities:
             "duplicate" if result.duplicate else result.disposition,
             faults if isinstance(faults, list) else (),
         )
+        if not result.duplicate:
+            record_triage_decision(data.decision.trace.get("llm"))
         # The SDK logger: the line carries the run and activity, and the request id (switchboard/request_ids.py).
         activity.logger.info(
             "delivery committed: %s%s, event %s, %d todo(s) created",
