@@ -32,6 +32,7 @@ from store.doorbell import DoorbellStore
 from store.events import EventStore
 from store.identity import IdentityStore
 from store.inbox import InboxStore
+from store.llm import LlmStore
 from store.routes import RouteStore
 from store.rules import RuleStore
 from store.schedules import ScheduleStore
@@ -61,6 +62,7 @@ class Stores:
     inbox: InboxStore
     deliveries: DeliveryStore
     doorbell: DoorbellStore
+    llm: LlmStore
 
 
 def build_stores(pool: Pool, settings: Settings) -> Stores:
@@ -81,6 +83,7 @@ def build_stores(pool: Pool, settings: Settings) -> Stores:
         inbox=InboxStore(pool),
         deliveries=DeliveryStore(pool),
         doorbell=DoorbellStore(pool),
+        llm=LlmStore(pool, box, webhooks, offer_embedded=settings.llm_embedded),
     )
 
 
