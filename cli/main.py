@@ -265,7 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     groups = add_verb_commands(sub)
 
-    rules = sub.add_parser("rules", help="routing rules").add_subparsers(dest="action", required=True)
+    # `rules compile` comes from the verb table (compile_webhook_rule); `rules install` composes a pack here.
+    rules = groups.get("rules") or sub.add_parser("rules", help="routing rules").add_subparsers(
+        dest="action", required=True
+    )
     ri = rules.add_parser("install", help="install a rule pack on a webhook (one set_webhook_rules call)")
     ri.add_argument("--webhook", required=True, dest="webhook_id")
     ri.add_argument("--pack", required=True, help=f"{' or '.join(RULE_PACKS)}, or a path to a pack JSON file")

@@ -449,22 +449,42 @@ def _shown_first(path: tuple[str, ...]) -> tuple[int, bool, str]:
     return len(path), last == "url" or last.endswith("_url"), render_path(path)
 
 
-def ground(envelopes: Sequence[Mapping[str, Any]], *, values: bool) -> list[GroundedPath]:
-    """The paths existing in the envelopes (at most MAX_PATHS, shallow first), values only as allowed."""
-    found: dict[tuple[str, ...], list[Any]] = {}
+class Sample:
+    """Paths, example values and kinds accumulated over sampled envelopes, one at a time (bounded memory)."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self._found: dict[tuple[str, ...], list[Any]] = {}
+        self._kinds: set[str] = set()
+
+    def add(self, envelope: Mapping[str, Any]) -> None:
+        """Take in one envelope's paths, values and kind."""
+        self.events += 1
+        _walk(dict(envelope), (), self._found)
+        kind = envelope.get("kind")
+        if isinstance(kind, str):
+            self._kinds.add(kind)
+
+    def grounded(self, *, values: bool, max_paths: int = MAX_PATHS) -> list[GroundedPath]:
+        """The paths seen (at most ``max_paths``, shallow first), values only as allowed."""
+        chosen = sorted(self._found, key=_shown_first)[:max_paths]
+        out = []
+        for path in chosen:
+            shown = values or (len(path) == 1 and path[0] in DERIVED_FIELDS)
+            out.append(GroundedPath(path=render_path(path), values=list(self._found[path]) if shown else None))
+        return out
+
+    def kinds(self) -> list[str]:
+        """The distinct kinds seen, sorted."""
+        return sorted(self._kinds)
+
+
+def ground(envelopes: Sequence[Mapping[str, Any]], *, values: bool, max_paths: int = MAX_PATHS) -> list[GroundedPath]:
+    """The paths existing in the envelopes (at most ``max_paths``, shallow first), values only as allowed."""
+    sample = Sample()
     for envelope in envelopes:
-        _walk(dict(envelope), (), found)
-    chosen = sorted(found, key=_shown_first)[:MAX_PATHS]
-    out = []
-    for path in chosen:
-        shown = values or (len(path) == 1 and path[0] in DERIVED_FIELDS)
-        out.append(GroundedPath(path=render_path(path), values=found[path] if shown else None))
-    return out
-
-
-def kinds_seen(envelopes: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The distinct kinds of the envelopes, sorted."""
-    return sorted({e["kind"] for e in envelopes if isinstance(e.get("kind"), str)})
+        sample.add(envelope)
+    return sample.grounded(values=values, max_paths=max_paths)
 
 
 # ---------------------------------------------------------------------------------------------------
