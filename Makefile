@@ -37,7 +37,7 @@ test: $(STAMP) lint
 # committed histories are never overwritten. Commit the new files under tests/workflows/histories/.
 histories: $(STAMP)
 	@tmp=$$(mktemp -d /tmp/switchboard-tests.XXXXXX); \
-	SWITCHBOARD_WRITE_HISTORIES=1 $(BIN)/pytest -q -p no:cacheprovider --basetemp="$$tmp" tests/workflows tests/api/test_on_fault.py; \
+	SWITCHBOARD_WRITE_HISTORIES=1 $(BIN)/pytest -q -p no:cacheprovider --basetemp="$$tmp" tests/workflows tests/api/test_on_fault.py tests/api/test_llm_triage.py; \
 	rc=$$?; rm -rf "$$tmp"; exit $$rc
 
 bench: $(STAMP)

@@ -14,7 +14,7 @@ from routing.router import RuleEvaluator, evaluator
 from store.deliveries import DeliveryStore
 from store.errors import NotFound
 from store.webhooks import WebhookStore
-from switchboard.metrics import record_delivery
+from switchboard.metrics import record_delivery, record_triage_decision
 
 
 class RouteActivities:
@@ -79,6 +79,8 @@ class RouteActivities:
             "duplicate" if result.duplicate else result.disposition,
             faults if isinstance(faults, list) else (),
         )
+        if not result.duplicate:
+            record_triage_decision(data.decision.trace.get("llm"))
         return result
 
     @activity.defn(name="commit_faulted")

@@ -32,7 +32,7 @@ from store.doorbell import DoorbellStore
 from store.events import EventStore
 from store.identity import IdentityStore
 from store.inbox import InboxStore
-from store.llm import LlmStore
+from store.llm import Ceilings, LlmStore
 from store.routes import RouteStore
 from store.rules import RuleStore
 from store.schedules import ScheduleStore
@@ -84,6 +84,15 @@ def build_stores(pool: Pool, settings: Settings) -> Stores:
         deliveries=DeliveryStore(pool),
         doorbell=DoorbellStore(pool),
         llm=LlmStore(pool, box, webhooks, offer_embedded=settings.llm_embedded),
+    )
+
+
+def llm_ceilings(settings: Settings) -> Ceilings:
+    """The operator's caps on LLM triage (SWITCHBOARD_LLM_*), read by the save-time check and the activity alike."""
+    return Ceilings(
+        per_minute=settings.llm_triage_per_minute_max,
+        per_day=settings.llm_triage_per_day_max,
+        timeout_seconds=settings.llm_timeout_max_seconds,
     )
 
 

@@ -76,7 +76,7 @@ class Ceilings:
     timeout_seconds: float
 
 
-class TriageRequest(BaseModel):
+class TriageSetting(BaseModel):
     """set_llm_triage's configuration, before validation."""
 
     provider: str
@@ -268,7 +268,7 @@ class LlmStore:
 
     @translates_errors
     async def set_triage(
-        self, caller: Caller, webhook_id: str, request: TriageRequest, ceilings: Ceilings
+        self, caller: Caller, webhook_id: str, request: TriageSetting, ceilings: Ceilings
     ) -> TriageConfig:
         """Validate a triage stage exactly as it will run (granted queues, known provider and model, ceilings)
         and save it under the webhook's row lock; a refusal changes nothing."""

@@ -24,6 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
+# Imported with this module (worker and API start), never inside a call: the first import takes seconds on a
+# loaded host, which must not count against a delivery's model timeout.
+import openai
+
 EMBEDDED = "embedded"
 """The built-in provider's name (reserved: an operator cannot register a provider under it)."""
 EMBEDDED_MODEL = "smollm2-135m-instruct"
@@ -158,8 +162,6 @@ async def _remote_chat(
     max_tokens: int,
 ) -> str | None:
     """POST {base_url}/chat/completions through the openai SDK: one attempt, JSON-schema response format."""
-    import openai  # a core dependency; imported here so the workflow sandbox never sees it
-
     # An explicit key always (never the SDK's OPENAI_API_KEY fallback: a key meant for one host must not reach
     # another provider's URL); servers without auth (Ollama, a llama.cpp server) ignore a placeholder.
     client = openai.AsyncOpenAI(

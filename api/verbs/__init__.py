@@ -13,6 +13,7 @@ from api.verbs import (  # noqa: F401  (registration)
     rules,
     schedules,
     todos,
+    triage,
     webhooks,
 )
 from api.verbs.registry import ADMIN_VERBS, REGISTRY, VERBS, Verb
