@@ -14,8 +14,6 @@ import pytest
 
 from api.verbs.rule_compiler import INSTRUCTIONS
 from routing import filters
-from routing.models import TriageQueue
-from store.llm import Ceilings, LlmStore, TriageRequest
 from switchboard.llm import DATA_CLOSE, DATA_OPEN
 from tests.conftest import Agent, Stack
 from tests.helpers import issue_payload, post_github
@@ -60,24 +58,21 @@ def provider() -> Iterator[Scripted]:
         yield Scripted(fake)
 
 
-def _llm(stack: Stack) -> LlmStore:
-    store: LlmStore = stack.app.state.services.llm
-    return store
-
-
-async def set_triage(stack: Stack, agent: Agent, webhook_id: str, *, include_payload: bool, model: str = "m1") -> None:
+async def set_triage(agent: Agent, webhook_id: str, *, include_payload: bool, model: str = "m1") -> None:
     """The owner's triage configuration (the provider and model the compiler defaults to)."""
-    caller = await stack.app.state.services.identities.authenticate(agent.credential)
-    request = TriageRequest(
-        provider="fake",
-        model=model,
-        queues=[TriageQueue(queue="work", description="the usual")],
-        threshold=0.5,
-        per_minute=10,
-        per_day=100,
-        include_payload=include_payload,
+    await agent.ok(
+        "set_llm_triage",
+        {
+            "webhook_id": webhook_id,
+            "provider": "fake",
+            "model": model,
+            "queues": [{"queue": "work", "description": "the usual"}],
+            "threshold": 0.5,
+            "per_minute": 10,
+            "per_day": 100,
+            "include_payload": include_payload,
+        },
     )
-    await _llm(stack).set_triage(caller, webhook_id, request, Ceilings(per_minute=60, per_day=5000, timeout_seconds=30))
 
 
 async def _setup(
@@ -86,9 +81,18 @@ async def _setup(
     """An owner with a github webhook, three stored events, and (optionally) triage configured on the fake."""
     agent = await stack.agent(queues=["work"], webhook_queues=["work", "triage"])
     webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
-    await _llm(stack).set_provider("fake", provider.base_url, "sk-fake", 20, ["m1", "m2"])
+    await stack.admin(
+        "set_llm_provider",
+        {
+            "name": "fake",
+            "base_url": provider.base_url,
+            "api_key": "sk-fake",
+            "timeout_seconds": 20,
+            "models": ["m1", "m2"],
+        },
+    )
     if triage:
-        await set_triage(stack, agent, webhook["webhook_id"], include_payload=include_payload)
+        await set_triage(agent, webhook["webhook_id"], include_payload=include_payload)
     ids = []
     labels = [[{"name": "bug"}], [{"name": "docs"}], [{"name": "bug"}, {"name": "p1"}]]
     for n, labelled in enumerate(labels, start=1):
@@ -265,15 +269,17 @@ async def test_another_tenants_webhook_is_not_found_and_never_reaches_the_model(
 ) -> None:
     _, webhook, _ = await _setup(stack, provider, include_payload=True)
     other = await stack.agent(await stack.human("mallory"), queues=["work"])
+    # (The owner's deliveries fell to its triage stage, which asked the fake too: only new requests count.)
+    asked = len(provider.requests)
     theirs = await other.call("compile_webhook_rule", {"webhook_id": webhook["webhook_id"], "sentence": "all"})
     unknown = await other.call("compile_webhook_rule", {"webhook_id": "wh_nope", "sentence": "all"})
     assert theirs.status_code == unknown.status_code == 404
     assert theirs.json() == unknown.json()
-    assert provider.requests == []
+    assert len(provider.requests) == asked
 
     # The other tenant's own webhook grounds on its own events only, never the owner's, values allowed or not.
     own = await other.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
-    await set_triage(stack, other, own["webhook_id"], include_payload=True, model="m2")
+    await set_triage(other, own["webhook_id"], include_payload=True, model="m2")
     payload = issue_payload(number=99, title="mallory's")
     payload["mallory_only"] = {"marker": "m"}
     assert (await post_github(stack.http, own, payload)).status_code == 202
@@ -302,7 +308,7 @@ async def test_values_are_withheld_unless_the_owner_allowed_payload(stack: Stack
     assert paths[".kind"] == ["issues"] and paths[".source"] == ["github"]  # switchboard-derived, always shown
     assert "issue 1" not in json.dumps(document)
 
-    await set_triage(stack, agent, wid, include_payload=True)
+    await set_triage(agent, wid, include_payload=True)
     provider.answers.append(BUG_FILTER)
     allowed = await agent.ok("compile_webhook_rule", {"webhook_id": wid, "sentence": "bugs"})
     assert allowed["grounding"]["values"] is True
@@ -311,7 +317,7 @@ async def test_values_are_withheld_unless_the_owner_allowed_payload(stack: Stack
     assert sorted(paths[".payload.issue.labels.name"]) == ["bug", "docs", "p1"]
 
     # The egress decision names the triage provider: another provider gets paths only.
-    await _llm(stack).set_provider("other", provider.base_url, None, 20, ["x"])
+    await stack.admin("set_llm_provider", {"name": "other", "base_url": provider.base_url, "models": ["x"]})
     provider.answers.append(BUG_FILTER)
     elsewhere = await agent.ok(
         "compile_webhook_rule", {"webhook_id": wid, "sentence": "bugs", "provider": "other", "model": "x"}
@@ -331,4 +337,4 @@ async def test_no_model_configured_is_invalid_argument(stack: Stack, provider: S
         "compile_webhook_rule", {"webhook_id": wid, "sentence": "bugs", "provider": "fake", "model": "gpt-x"}
     )
     assert unknown_model.status_code == 422 and "gpt-x" in unknown_model.json()["error"]["message"]
-    assert provider.requests == []
+    assert provider.requests == []  # no triage stage here, so no delivery asked either
