@@ -81,6 +81,14 @@ class RouteActivities:
         )
         if not result.duplicate:
             record_triage_decision(data.decision.trace.get("llm"))
+        # The SDK logger: the line carries the run and activity, and the request id (switchboard/request_ids.py).
+        activity.logger.info(
+            "delivery committed: %s%s, event %s, %d todo(s) created",
+            result.disposition,
+            " (duplicate)" if result.duplicate else "",
+            result.event_id,
+            result.created,
+        )
         return result
 
     @activity.defn(name="commit_faulted")

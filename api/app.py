@@ -24,6 +24,7 @@ from api.middleware import AgentAuthMiddleware, BodyLimitMiddleware, RequestLogM
 from api.surface import install_verb_routes
 from runtime.root import api_resources
 from store.db import ping
+from switchboard import tracing
 from switchboard.logs import install_masking
 from switchboard.settings import Settings
 
@@ -119,4 +120,6 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
     app.add_middleware(RequestLogMiddleware)
     # Outermost, so the logs, the buckets and `source_ip` all see the same client address.
     app.add_middleware(ClientAddressMiddleware, trusted=settings.trusted_proxies())
+    # Only with OTEL_EXPORTER_OTLP_ENDPOINT set: the request span wraps everything above (switchboard/tracing.py).
+    tracing.instrument_app(app)
     return app

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import time
 from typing import Any
 
@@ -17,7 +16,8 @@ from api.dispatch import Refusal, admit
 from api.errors import error_body, public_error, status_for
 from api.verbs import REGISTRY
 from store.errors import DomainError, Unauthenticated
-from switchboard.logs import mask_secrets
+from switchboard.logs import REQUEST_ID, mask_secrets
+from switchboard.request_ids import accepted_request_id
 
 log = logging.getLogger("switchboard.http")
 
@@ -53,7 +53,12 @@ async def send_json(
 
 
 class RequestLogMiddleware:
-    """Adds security headers and a request id to every response and logs one structured line."""
+    """Adds security headers and a request id to every response and logs one structured line.
+
+    The request id is the caller's X-Request-Id when it passes the check (switchboard/request_ids.py), else a new
+    one; it is echoed on the response and bound (``REQUEST_ID``) for the whole request, so every log line the
+    request causes carries it, and so does every workflow it starts (a Temporal header) with its activities.
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -62,8 +67,14 @@ class RequestLogMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = secrets.token_hex(8)
+        inbound = None
+        for name, value in scope.get("headers", []):
+            if name == b"x-request-id":
+                inbound = value.decode("latin-1")
+                break
+        request_id = accepted_request_id(inbound)
         scope.setdefault("state", {})["request_id"] = request_id
+        bound = REQUEST_ID.set(request_id)
         started = time.perf_counter()
         status = 0
         path = scope.get("path", "")
@@ -78,6 +89,7 @@ class RequestLogMiddleware:
                 ]
                 for name, value in SECURITY_HEADERS:
                     headers.append((name, DOCS_CSP if (is_docs and name == b"content-security-policy") else value))
+                headers = [h for h in headers if h[0].lower() != b"x-request-id"]
                 headers.append((b"x-request-id", request_id.encode()))
                 message["headers"] = headers
             await send(message)
@@ -87,16 +99,19 @@ class RequestLogMiddleware:
         finally:
             # Paths carry ingest tokens: log only the route family, never the token itself.
             shown = mask_secrets(path)
-            log.info(
-                "request",
-                extra={
-                    "request_id": request_id,
-                    "method": scope.get("method"),
-                    "path": shown,
-                    "status": status,
-                    "ms": round((time.perf_counter() - started) * 1000, 1),
-                },
-            )
+            try:
+                # The request id comes from REQUEST_ID, like every other line of this request.
+                log.info(
+                    "request",
+                    extra={
+                        "method": scope.get("method"),
+                        "path": shown,
+                        "status": status,
+                        "ms": round((time.perf_counter() - started) * 1000, 1),
+                    },
+                )
+            finally:
+                REQUEST_ID.reset(bound)
 
 
 class BodyLimitMiddleware:

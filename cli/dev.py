@@ -13,6 +13,7 @@ import uvicorn
 from api.app import create_app
 from cli.embedded import missing_servers, start_postgres, temporal_dev_server
 from store.db import migrate
+from switchboard import tracing
 from switchboard.settings import Settings
 from worker import running_worker
 
@@ -32,6 +33,7 @@ async def serve(settings: Settings, *, with_worker: bool = True) -> None:
     service. That worker is the whole worker role (`worker.running_worker`: its own pool and evaluation sandbox,
     the inbox relay, so a single-process deployment drains the inbox, and the liveness file); the API keeps its
     own pool and the rule verbs' sandbox (runtime/root.py says why)."""
+    tracing.install(tracing.API)  # an API process, with or without its worker, traces as the API
     if not with_worker:
         await _server(create_app(settings), settings).serve()
         return

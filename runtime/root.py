@@ -38,6 +38,7 @@ from store.rules import RuleStore
 from store.schedules import ScheduleStore
 from store.todos import TodoStore
 from store.webhooks import WebhookStore
+from switchboard import tracing
 from switchboard.metrics import sandbox_observer
 from switchboard.settings import Settings
 from switchboard.temporal import connect
@@ -129,6 +130,7 @@ class WorkerResources:
 @contextlib.asynccontextmanager
 async def worker_resources(settings: Settings) -> AsyncIterator[WorkerResources]:
     """The worker role's pool, evaluation sandbox and connected Temporal client, for the lifetime of the block."""
+    tracing.install(tracing.WORKER)  # before the pool and the client: both are instrumented when they are made
     async with contextlib.AsyncExitStack() as stack:
         pool = await open_pool(_database_url(settings), max_size=settings.db_pool_max)
         stack.push_async_callback(pool.close)
@@ -153,6 +155,7 @@ async def api_resources(settings: Settings, *, temporal: Client | None = None) -
     """The API role's pools, stores, rule sandbox and Temporal client (`temporal` when given, e.g. the one of
     the worker this process hosts), for the lifetime of the block."""
     url = _database_url(settings)
+    tracing.install(tracing.API)  # before the pools and the client: both are instrumented when they are made
     async with contextlib.AsyncExitStack() as stack:
         pool = await open_pool(url, max_size=settings.db_pool_max, pool_timeout=settings.db_pool_timeout)
         stack.push_async_callback(pool.close)

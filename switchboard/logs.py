@@ -2,6 +2,10 @@
 
 Every log record of the process, whichever logger made it (ours, uvicorn's access log, a library's
 traceback), passes mask_secrets: ingest tokens in paths, credentials and signing secrets never reach a log.
+
+The request id in force (``REQUEST_ID``: bound by the API for one request, by switchboard/request_ids.py for a
+workflow run and its activities) is stamped on every record made while it is bound, so each line of a request,
+of its workflow and of its activities carries it without anyone passing it along.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import logging
 import re
 import threading
 from collections.abc import Iterable
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +26,13 @@ MASKED = "«redacted»"
 _INGEST_PATH = re.compile(r"/webhooks/w/[^/\s?#\"'<>]+")
 _CREDENTIALS = re.compile(r"\b(sbk|whsec|sba)_[0-9A-Za-z]+")
 _BEARER = re.compile(r"(?i)\b(bearer)\s+[^\s\"',]+")
+
+REQUEST_ID: ContextVar[str | None] = ContextVar("switchboard_request_id", default=None)
+"""The request id the current request, workflow run or activity works for (None outside any)."""
+
+# Where the record factory stamps the bound request id: a private attribute, so a caller's own
+# `extra={"request_id": …}` never collides with it (LogRecord refuses to overwrite an attribute).
+_RECORD_REQUEST_ID = "_request_id"
 
 _known: set[str] = set()
 _known_lock = threading.Lock()
@@ -80,6 +92,9 @@ def install_masking(known_secrets: Iterable[str | None] = ()) -> None:
     def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = previous(*args, **kwargs)
         _mask_record(record)
+        request_id = REQUEST_ID.get()
+        if request_id is not None:
+            setattr(record, _RECORD_REQUEST_ID, request_id)
         return record
 
     logging.setLogRecordFactory(factory)
@@ -100,8 +115,13 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        bound = getattr(record, _RECORD_REQUEST_ID, None)
+        if bound is not None:
+            out["request_id"] = _mask_arg(bound)
         for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
+            if key == "temporal_log":
+                out.update(_core_fields(value))
+            elif key not in _STANDARD and not key.startswith("_"):
                 # `extra=` fields are set after the record factory ran, so they are masked here.
                 out[key] = _mask_arg(value)
         if record.exc_info:
@@ -109,6 +129,18 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             out["stack"] = mask_secrets(self.formatStack(record.stack_info))
         return json.dumps(out, default=str, ensure_ascii=False)
+
+
+def _core_fields(entry: Any) -> dict[str, Any]:
+    """A forwarded Temporal core log entry's target and structured fields (switchboard/metrics.py forwards them)."""
+    out: dict[str, Any] = {"core_target": getattr(entry, "target", None)}
+    try:
+        fields = entry.fields  # converted on every access: read once
+    except Exception:  # a field that does not convert must not cost the line
+        fields = None
+    if isinstance(fields, dict) and fields:
+        out["core_fields"] = {str(k): _mask_arg(v) for k, v in fields.items()}
+    return out
 
 
 def configure(level: str) -> None:

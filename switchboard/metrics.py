@@ -41,10 +41,13 @@ from temporalio.runtime import (
     BUFFERED_METRIC_KIND_COUNTER,
     BUFFERED_METRIC_KIND_GAUGE,
     BufferedMetricUpdate,
+    LogForwardingConfig,
+    LoggingConfig,
     MetricBuffer,
     MetricBufferDurationFormat,
     Runtime,
     TelemetryConfig,
+    TelemetryFilter,
 )
 
 log = logging.getLogger("switchboard.metrics")
@@ -340,14 +343,42 @@ _runtime_lock = threading.Lock()
 TEMPORAL: TemporalMetrics | None = None
 
 
+CORE_LOGGER = "temporalio.core"
+"""The Python logger Temporal core's own log lines are forwarded to (so they are JSON lines like every other)."""
+
+
+def core_logging() -> LoggingConfig:
+    """Temporal core's logging: forwarded into the ``temporalio.core`` logger instead of written to stderr.
+
+    Left to the SDK default, core writes its own coloured text lines straight to stderr, in the middle of the
+    process's JSON stream. Forwarded, each becomes a record of ``temporalio.core`` (its target and fields as
+    ``core_target``/``core_fields``), formatted and masked like any other. Core's level follows that logger's
+    effective level when the Runtime is made: WARN (the SDK's default) up to INFO, DEBUG with
+    SWITCHBOARD_LOG_LEVEL=debug.
+    """
+    level = logging.getLogger(CORE_LOGGER).getEffectiveLevel()
+    # INFO is not passed on as INFO: core's info lines are its own start-up chatter, and the SDK keeps them off too.
+    core_level = "DEBUG" if level <= logging.DEBUG else "WARN" if level <= logging.WARNING else "ERROR"
+    return LoggingConfig(
+        filter=TelemetryFilter(core_level=core_level, other_level="ERROR"),
+        forwarding=LogForwardingConfig(
+            logger=logging.getLogger(CORE_LOGGER),
+            # The target is a field of the line, not part of the logger name or the message.
+            append_target_to_name=False,
+            prepend_target_on_message=False,
+            append_log_fields_to_message=False,
+        ),
+    )
+
+
 def temporal_runtime() -> Runtime:
-    """The process's one Temporal Runtime, whose SDK metrics land in this registry (created on first use)."""
+    """The process's one Temporal Runtime, whose SDK metrics land in this registry and whose core logs join the
+    process's log stream (created on first use)."""
     global _runtime, TEMPORAL
     with _runtime_lock:
         if _runtime is None:
             buffer = MetricBuffer(_BUFFER_SIZE, MetricBufferDurationFormat.SECONDS)
-            # Logging stays the SDK default: only the metrics differ from Runtime.default().
-            _runtime = Runtime(telemetry=TelemetryConfig(metrics=buffer))
+            _runtime = Runtime(telemetry=TelemetryConfig(metrics=buffer, logging=core_logging()))
             TEMPORAL = TemporalMetrics(buffer)
             REGISTRY.register(TEMPORAL)
             TEMPORAL.start()

@@ -9,13 +9,19 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import TLSConfig
 
+from switchboard import tracing
 from switchboard.logs import install_masking
 from switchboard.metrics import temporal_runtime
+from switchboard.request_ids import RequestIdInterceptor
 from switchboard.settings import Settings
 
 
 async def connect(settings: Settings, address: str | None = None, *, lazy: bool = False) -> Client:
-    """A client with the pydantic data converter, so models cross the wire as JSON."""
+    """A client with the pydantic data converter, so models cross the wire as JSON.
+
+    Its interceptors (which its workers inherit) carry the request id into workflows and activities, and, when
+    tracing is on (switchboard/tracing.py), the trace context as well.
+    """
     target = address or settings.temporal_address
     if not target:
         raise RuntimeError("SWITCHBOARD_TEMPORAL_ADDRESS is not set")
@@ -26,6 +32,7 @@ async def connect(settings: Settings, address: str | None = None, *, lazy: bool 
         lazy=lazy,
         # The process's one Runtime: the SDK's metrics (this client's and its workers') join /metrics.
         runtime=temporal_runtime(),
+        interceptors=[RequestIdInterceptor(), *tracing.interceptors()],
         **connect_security(settings),
     )
 

@@ -106,6 +106,12 @@ def test_dev_stack_from_scratch_then_restart_keeps_data(tmp_path: Path) -> None:
     finally:
         assert stop(proc) == 0
     assert (home / "pg").is_dir() and (home / "temporal.db").exists()
+    # One log format: no colour codes in the stack's stream (Temporal core's lines are forwarded as JSON), and the
+    # dev server's own log is JSON lines, without its start-up banner.
+    assert "\x1b[" not in log.read_text()
+    server_log = (home / "temporal.log").read_text()
+    assert "\x1b[" not in server_log and "Temporal CLI" not in server_log
+    assert all(isinstance(json.loads(line), dict) for line in server_log.splitlines() if line.strip())
 
     proc = start(env, log)
     try:

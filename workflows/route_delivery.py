@@ -113,6 +113,8 @@ class RouteDelivery:
             # Same upsert command as before, one more attribute: replay compares commands, not their values.
             updates.append(search.EVENT_ID.value_set(result.event_id))
         workflow.upsert_search_attributes(updates)
+        # Not a command, and never written on replay: the run's one line, with its context and request id.
+        workflow.logger.info("delivery decided: %s (rule %s)", outcome, result.rule_id)
         return _explained(result, decision.trace.get("faults"))
 
     async def _evaluate(self, delivery: DeliveryInput, rules: EvaluateInput) -> Evaluation:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
@@ -78,6 +79,84 @@ class SetWebhookRateInput(AdminInput):
     webhook_id: str = Field(description="the webhook to pace (wh_…)")
     rate_per_second: float | None = Field(
         ge=0, le=10_000, description="deliveries/s; 0 = unpaced; null = back to SWITCHBOARD_WEBHOOK_RATE_PER_SECOND"
+    )
+
+
+LIST_DEFAULT = 50
+LIST_MAX = 500
+
+
+class ListInput(AdminInput):
+    limit: int = Field(default=LIST_DEFAULT, ge=1, le=LIST_MAX, description="the most rows on one page")
+    cursor: str | None = Field(default=None, max_length=1000, description="next_cursor of the previous page")
+
+
+class ListHumansInput(ListInput):
+    pass
+
+
+class HumanOut(BaseModel):
+    human_id: str
+    name: str
+    created_at: datetime
+    agents: int = Field(description="how many agents the human owns")
+
+
+class ListHumansOutput(BaseModel):
+    humans: list[HumanOut]
+    next_cursor: str | None = Field(default=None, description="pass as cursor for the next page; absent at the end")
+
+
+class ListAgentsInput(ListInput):
+    human_id: str | None = Field(default=None, max_length=100, description="only this human's agents (hu_…)")
+
+
+class AgentOut(BaseModel):
+    agent_id: str
+    human_id: str
+    name: str
+    created_at: datetime
+    live_endpoints: int
+
+
+class ListAgentsOutput(BaseModel):
+    agents: list[AgentOut]
+    next_cursor: str | None = Field(default=None, description="pass as cursor for the next page; absent at the end")
+
+
+class ListEndpointsInput(ListInput):
+    agent_id: str | None = Field(default=None, max_length=100, description="only this agent's endpoints (ag_…)")
+    human_id: str | None = Field(default=None, max_length=100, description="only endpoints of this human's agents")
+    state: Literal["live", "revoked"] | None = Field(default=None, description="only live or only revoked ones")
+
+
+class EndpointOut(BaseModel):
+    """An endpoint's scope and state; its credential is never shown again, only the prefix that names it."""
+
+    endpoint_id: str
+    agent_id: str
+    human_id: str
+    credential_prefix: str = Field(description="the credential's first 12 characters, as vend_endpoint showed")
+    state: Literal["live", "revoked"]
+    queues: list[str]
+    verbs: list[str]
+    webhook_max: int
+    webhook_source_types: list[str]
+    webhook_queues: list[str]
+    webhooks: int = Field(description="how many live webhooks it owns")
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class ListEndpointsOutput(BaseModel):
+    endpoints: list[EndpointOut]
+    next_cursor: str | None = Field(default=None, description="pass as cursor for the next page; absent at the end")
+
+
+def _paging(noun: str) -> tuple[CliArg, ...]:
+    return (
+        CliArg("limit", "--limit", type=int, default=LIST_DEFAULT, help=f"the most {noun} (≤ {LIST_MAX})"),
+        CliArg("cursor", "--cursor", help="next_cursor of the previous page"),
     )
 
 
@@ -234,6 +313,73 @@ async def set_friend_edge(ctx: AdminContext, data: FriendEdgeInput) -> OkOutput:
 async def set_webhook_rate(ctx: AdminContext, data: SetWebhookRateInput) -> OkOutput:
     await ctx.services.webhooks.set_rate(data.webhook_id, data.rate_per_second)
     return OkOutput()
+
+
+@admin_verb(
+    "list_humans",
+    input=ListHumansInput,
+    output=ListHumansOutput,
+    summary="Humans, newest first, with how many agents each owns; pages by cursor.",
+    cli=CliCommand("human", "humans", "list", "list humans, newest first", _paging("humans")),
+)
+async def list_humans(ctx: AdminContext, data: ListHumansInput) -> ListHumansOutput:
+    page = await ctx.services.identities.list_humans(limit=data.limit, cursor=data.cursor)
+    return ListHumansOutput(humans=[HumanOut.model_validate(r) for r in page.rows], next_cursor=page.next_cursor)
+
+
+@admin_verb(
+    "list_agents",
+    input=ListAgentsInput,
+    output=ListAgentsOutput,
+    summary="Agents (of one human, or all), newest first, with their live endpoint counts; pages by cursor.",
+    cli=CliCommand(
+        "agent",
+        "agents",
+        "list",
+        "list agents, newest first",
+        (CliArg("human_id", "--human", help="only this human's (hu_…)"), *_paging("agents")),
+    ),
+)
+async def list_agents(ctx: AdminContext, data: ListAgentsInput) -> ListAgentsOutput:
+    page = await ctx.services.identities.list_agents(human_id=data.human_id, limit=data.limit, cursor=data.cursor)
+    return ListAgentsOutput(agents=[AgentOut.model_validate(r) for r in page.rows], next_cursor=page.next_cursor)
+
+
+@admin_verb(
+    "list_endpoints",
+    input=ListEndpointsInput,
+    output=ListEndpointsOutput,
+    summary="Endpoints with their scope, state and credential prefix (never the credential), newest first.",
+    cli=CliCommand(
+        "endpoint",
+        "endpoints",
+        "list",
+        "list endpoints (scope, state, credential prefix), newest first",
+        (
+            CliArg("agent_id", "--agent", help="only this agent's (ag_…)"),
+            CliArg("human_id", "--human", help="only this human's agents' (hu_…)"),
+            CliArg("state", "--state", choices=("live", "revoked")),
+            *_paging("endpoints"),
+        ),
+        columns=(
+            "endpoint_id",
+            "agent_id",
+            "human_id",
+            "state",
+            "credential_prefix",
+            "queues",
+            "webhooks",
+            "created_at",
+        ),
+    ),
+)
+async def list_endpoints(ctx: AdminContext, data: ListEndpointsInput) -> ListEndpointsOutput:
+    page = await ctx.services.identities.list_endpoints(
+        agent_id=data.agent_id, human_id=data.human_id, state=data.state, limit=data.limit, cursor=data.cursor
+    )
+    return ListEndpointsOutput(
+        endpoints=[EndpointOut.model_validate(r) for r in page.rows], next_cursor=page.next_cursor
+    )
 
 
 # --- LLM provider registry (SPEC-0020 Phase 2; keys sealed at rest and never returned) ---

@@ -7,9 +7,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from api.verbs.registry import READ, Context, VerbInput, verb
+from api.verbs.registry import READ, CliArg, CliCommand, Context, VerbInput, verb
 from routing.models import EventDisposition
 from store.events import EventDetail, EventSummary
+
+EVENTS_HELP = "event history and re-routes (as the webhooks' owner)"
 
 
 class ListEventsInput(VerbInput):
@@ -77,6 +79,22 @@ def _summary(e: EventSummary) -> EventOut:
     family="events",
     summary="Events on your human's webhooks, newest first, with their routing traces; pages by cursor.",
     hints=READ,
+    cli=CliCommand(
+        "events",
+        EVENTS_HELP,
+        "list",
+        "list_webhook_events: your webhooks' events, newest first",
+        (
+            CliArg("webhook_id", "--webhook", help="only this webhook's (wh_…)"),
+            CliArg("kind", "--kind", help="only this kind, e.g. issues"),
+            CliArg("disposition", "--disposition", choices=("routed", "dropped", "repeat", "faulted")),
+            CliArg("since", "--since", help="received at or after (ISO 8601)"),
+            CliArg("delivery_id", "--delivery-id", help="only the events of this producer delivery"),
+            CliArg("limit", "--limit", type=int, help="the most events (≤ 200, default 50)"),
+            CliArg("cursor", "--cursor", help="next_cursor of the previous page"),
+        ),
+        columns=("id", "received_at", "source", "kind", "disposition", "webhook_id", "todo_ids"),
+    ),
 )
 async def list_webhook_events(ctx: Context, data: ListEventsInput) -> ListEventsOutput:
     page = await ctx.services.events.list(
@@ -101,6 +119,13 @@ async def list_webhook_events(ctx: Context, data: ListEventsInput) -> ListEvents
     family="events",
     summary="One event: summary, sanitized headers, payload and routing trace.",
     hints=READ,
+    cli=CliCommand(
+        "events",
+        EVENTS_HELP,
+        "show",
+        "get_webhook_event: one event with its headers, payload and routing trace",
+        (CliArg("event_id", help="the event (ev_…)"),),
+    ),
 )
 async def get_webhook_event(ctx: Context, data: GetEventInput) -> EventDetailOut:
     found: EventDetail = await ctx.services.events.get(ctx.caller, data.event_id)

@@ -7,8 +7,12 @@ is on exactly one surface, so an admin verb is never a tool and never in an endp
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -64,6 +68,8 @@ class CliArg:
     required: bool = False
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
+    switch: bool = False
+    """A flag without a value that sets the field true (`--dry-run`)."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +77,9 @@ class CliCommand:
     """`switchboard GROUP ACTION …`: calls one verb and prints its answer.
 
     An admin verb is called over /admin/v1 with the admin token; an agent verb over /v1 with the owner's
-    credential (`--credential`, else $SWITCHBOARD_CREDENTIAL), an unset optional argument left to the verb's
-    default. Commands that compose several verbs (`rules install`, `events reroute`) are written in cli/main.py.
+    endpoint credential (`--token`, else $SWITCHBOARD_TOKEN), an unset optional argument left to the verb's
+    default. Commands that compose several verbs (`rules install`, `events reroute`, `tail`) are written in
+    cli/main.py.
     """
 
     group: str
@@ -82,6 +89,39 @@ class CliCommand:
     args: tuple[CliArg, ...] = ()
     complete: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     """Turns the parsed arguments into the verb's input where the command's shorthand differs from it."""
+    columns: tuple[str, ...] = ()
+    """The table columns of the answer's rows on a terminal (cli/output.py); empty: the rows' scalar fields."""
+
+
+def json_file(value: str) -> Any:
+    """A command-line argument naming a JSON file (`-`: standard input), parsed."""
+    try:
+        text = sys.stdin.read() if value == "-" else Path(value).read_text()
+        return json.loads(text)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {value}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value} is not JSON: {exc}") from None
+
+
+CONFIG_FIELDS = ("rules", "default_action", "params", "on_fault")
+
+
+def spread_config(body: dict[str, Any]) -> dict[str, Any]:
+    """A rules command's input with its `config` file spread into the configuration fields.
+
+    The file is a JSON object of `rules`, `default_action`, `params`, `on_fault` (a rule pack's shape), or a bare
+    rules array. Other keys are refused by the verb's own validation, naming them.
+    """
+    body = dict(body)
+    config = body.pop("config", None)
+    if config is None:
+        return body
+    if isinstance(config, list):
+        config = {"rules": config}
+    if not isinstance(config, dict):
+        raise argparse.ArgumentTypeError("a rules file is a JSON object (rules, default_action, …) or a rules array")
+    return {**config, **body}
 
 
 Handler = Callable[[Any, Any], Awaitable[BaseModel]]

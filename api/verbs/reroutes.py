@@ -30,6 +30,7 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from api.verbs.events import EVENTS_HELP
 from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInput, verb
 from api.verbs.rules import history_of, sandbox_of
 from routing.delivery import CommitResult
@@ -348,7 +349,7 @@ async def _progress(handle: WorkflowHandle[Any, Any]) -> RerouteProgress | None:
     # `switchboard events reroute` (both re-route verbs, then this one until the run ends) is composed in cli/main.py.
     cli=CliCommand(
         group="events",
-        group_help="event history and re-routes (as the webhooks' owner)",
+        group_help=EVENTS_HELP,
         action="get-reroute",
         help="get_reroute: how a re-route is going, or how it ended",
         args=(CliArg("workflow_id", help="the workflow_id a re-route answered"),),

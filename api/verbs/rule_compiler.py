@@ -17,7 +17,15 @@ from pydantic import BaseModel, Field, ValidationError
 
 from api.verbs.registry import READ, CliArg, CliCommand, Context, verb
 from api.verbs.rule_schema import ActionJSON
-from api.verbs.rules import BACKTEST_DEFAULT, BACKTEST_MAX, FAMILY, WebhookInput, history_of, sandbox_of
+from api.verbs.rules import (
+    BACKTEST_DEFAULT,
+    BACKTEST_MAX,
+    FAMILY,
+    RULES_HELP,
+    WebhookInput,
+    history_of,
+    sandbox_of,
+)
 from api.verbs.schedules import CreateScheduleInput
 from routing import filters, replay
 from routing.filters import FilterAnswer, FilterError, ScheduleAnswer, Unsupported
@@ -244,11 +252,11 @@ async def _preview(ctx: Context, saved: RuleConfig, rule: dict[str, Any], limit:
     hints=READ,
     cli=CliCommand(
         group="rules",
-        group_help="routing rules",
+        group_help=RULES_HELP,
         action="compile",
         help="compile_webhook_rule: a sentence to a jq rule (or a schedule), previewed on recent events; saves nothing",
         args=(
-            CliArg("webhook_id", flag="--webhook", required=True, help="the webhook (wh_…)"),
+            CliArg("webhook_id", help="the webhook (wh_…)"),
             CliArg("sentence", help="the condition in plain English"),
             CliArg("sample", flag="--sample", type=int, help=f"events to ground on (≤ {SAMPLE_MAX})"),
             CliArg("provider", flag="--provider", help="LLM provider (default: the webhook's triage provider)"),

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from api.verbs.registry import READ, Context, Hints, VerbInput, verb
+from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInput, json_file, spread_config, verb
 from api.verbs.rule_schema import ActionJSON, RuleJSON, RulePatchJSON, RulesJSON
 from routing import replay
 from routing.models import Grant, OnFault
@@ -206,6 +206,9 @@ async def tried_grant(ctx: Context, saved: RuleConfig, data: CandidateInput) -> 
 # Verbs
 # ---------------------------------------------------------------------------------------------------
 
+RULES_HELP = "routing rules (as the webhook's owner)"
+CONFIG_HELP = "JSON file (- for stdin): {rules, default_action, params, on_fault}, or a rules array"
+
 
 @verb(
     "list_webhook_rules",
@@ -214,6 +217,14 @@ async def tried_grant(ctx: Context, saved: RuleConfig, data: CandidateInput) -> 
     family=FAMILY,
     summary="A webhook's rules, default action, params and current grant.",
     hints=READ,
+    cli=CliCommand(
+        "rules",
+        RULES_HELP,
+        "list",
+        "list_webhook_rules: a webhook's rules, default action, params and grant",
+        (CliArg("webhook_id", help="the webhook (wh_…)"),),
+        columns=("id", "name", "expr", "action"),
+    ),
 )
 async def list_webhook_rules(ctx: Context, data: WebhookInput) -> RulesOutput:
     return RulesOutput(**_out(await ctx.services.rules.read(ctx.caller, data.webhook_id)))
@@ -227,6 +238,18 @@ async def list_webhook_rules(ctx: Context, data: WebhookInput) -> RulesOutput:
     summary="Replace a webhook's rules, default action and params together (omitted params are cleared).",
     rate_class="authoring",
     hints=Hints(destructive=True),
+    cli=CliCommand(
+        "rules",
+        RULES_HELP,
+        "set",
+        "set_webhook_rules: replace a webhook's rules from a JSON file (params left out are cleared)",
+        (
+            CliArg("webhook_id", help="the webhook (wh_…)"),
+            CliArg("config", "--file", required=True, type=json_file, metavar="FILE", help=CONFIG_HELP),
+        ),
+        complete=spread_config,
+        columns=("id", "name", "expr", "action"),
+    ),
 )
 async def set_webhook_rules(ctx: Context, data: SetRulesInput) -> RulesOutput:
     def edit(current: RuleConfig) -> Candidate:
@@ -351,6 +374,25 @@ async def remove_webhook_rule(ctx: Context, data: RemoveRuleInput) -> RemoveRule
     summary="Dry-run saved or candidate rules on a sample payload or a stored event; nothing is saved.",
     rate_class="authoring",
     hints=READ,
+    cli=CliCommand(
+        "rules",
+        RULES_HELP,
+        "test",
+        "test_webhook_rules: dry-run the saved (or --rules candidate) rules on a sample or a stored event",
+        (
+            CliArg("webhook_id", help="the webhook (wh_…)"),
+            CliArg(
+                "payload", "--payload", type=json_file, metavar="FILE", help="a sample body (JSON file, - for stdin)"
+            ),
+            CliArg(
+                "headers", "--headers", type=json_file, metavar="FILE", help="the sample's headers (JSON object file)"
+            ),
+            CliArg("event_id", "--event", help="a stored event of this webhook (ev_…) instead of a sample"),
+            CliArg("config", "--rules", type=json_file, metavar="FILE", help="candidate: " + CONFIG_HELP),
+            CliArg("omit_envelope", "--omit-envelope", switch=True, help="leave the evaluated envelope out"),
+        ),
+        complete=spread_config,
+    ),
 )
 async def test_webhook_rules(ctx: Context, data: DryRunInput) -> DryRunOutput:
     has_payload = "payload" in data.model_fields_set
@@ -385,6 +427,19 @@ async def test_webhook_rules(ctx: Context, data: DryRunInput) -> DryRunOutput:
     summary="Replay saved or candidate rules over the webhook's recent events; report what would change.",
     rate_class="authoring",
     hints=READ,
+    cli=CliCommand(
+        "rules",
+        RULES_HELP,
+        "backtest",
+        "backtest_webhook_rules: replay the saved (or --rules candidate) rules over recent events",
+        (
+            CliArg("webhook_id", help="the webhook (wh_…)"),
+            CliArg("config", "--rules", type=json_file, metavar="FILE", help="candidate: " + CONFIG_HELP),
+            CliArg("limit", "--limit", type=int, help="most recent events to replay"),
+        ),
+        complete=spread_config,
+        columns=("event_id", "received_at", "kind", "changed", "rule_changed"),
+    ),
 )
 async def backtest_webhook_rules(ctx: Context, data: BacktestInput) -> BacktestOutput:
     saved = await ctx.services.rules.read(ctx.caller, data.webhook_id)

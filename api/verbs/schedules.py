@@ -26,7 +26,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.schedules import FireInput
-from api.verbs.registry import READ, Context, Hints, VerbInput, verb
+from api.verbs.registry import READ, CliCommand, Context, Hints, VerbInput, verb
 from store.errors import DomainError, InvalidArgument
 from store.schedules import SCHEDULE_SOURCE, ScheduleRow
 from workflows import search
@@ -216,6 +216,13 @@ async def create_schedule(ctx: Context, data: CreateScheduleInput) -> ScheduleOu
     family=FAMILY,
     summary="This endpoint's schedules, with each one's fire count and last event.",
     hints=READ,
+    cli=CliCommand(
+        "schedules",
+        "schedules (as their endpoint)",
+        "list",
+        "list_schedules: your endpoint's schedules with fire counts",
+        columns=("schedule_id", "cron", "timezone", "title", "target", "queue", "fire_count", "last_fired_at"),
+    ),
 )
 async def list_schedules(ctx: Context, data: ListSchedulesInput) -> ListSchedulesOutput:
     rows = await ctx.services.schedules.list(ctx.caller)

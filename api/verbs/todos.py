@@ -165,6 +165,19 @@ class TodoResult(BaseModel):
     family="todos",
     summary="List todos in the endpoint's queues, newest first; pages by cursor.",
     hints=READ,
+    cli=CliCommand(
+        group="todos",
+        group_help=TODOS_HELP,
+        action="list",
+        help="list_todos: todos in your endpoint's queues, newest first",
+        args=(
+            CliArg("queue", "--queue", help="only this queue"),
+            CliArg("state", "--state", choices=("pending", "claimed", "done", "failed", "canceled")),
+            CliArg("limit", "--limit", type=int, help="the most todos (≤ 500, default 50)"),
+            CliArg("cursor", "--cursor", help="next_cursor of the previous page"),
+        ),
+        columns=("id", "queue", "state", "attempt", "kind", "title", "owner", "created_at"),
+    ),
 )
 async def list_todos(ctx: Context, data: ListTodosInput) -> ListTodosOutput:
     page = await ctx.services.todos.list(ctx.caller, data.queue, data.state, data.limit, data.cursor)
@@ -180,6 +193,13 @@ async def list_todos(ctx: Context, data: ListTodosInput) -> ListTodosOutput:
     family="todos",
     summary="One todo with its trace and payload.",
     hints=READ,
+    cli=CliCommand(
+        group="todos",
+        group_help=TODOS_HELP,
+        action="get",
+        help="get_todo: one todo with its trace, work order and payload",
+        args=(CliArg("todo_id", help="the todo (td_…)"),),
+    ),
 )
 async def get_todo(ctx: Context, data: TodoIdInput) -> TodoResult:
     return TodoResult(todo=_full(await ctx.services.todos.get(ctx.caller, data.todo_id)))

@@ -7,8 +7,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from api.verbs.registry import READ, Context, Hints, VerbInput, verb
+from api.verbs.registry import READ, CliCommand, Context, Hints, VerbInput, verb
 from routing.sources import SOURCE_TYPES
+
+WEBHOOKS_HELP = "webhooks (as their owning endpoint)"
 
 
 class CreateWebhookInput(VerbInput):
@@ -92,6 +94,13 @@ async def create_webhook(ctx: Context, data: CreateWebhookInput) -> CreateWebhoo
     family="webhooks",
     summary="This endpoint's webhooks and its ceiling; never secrets.",
     hints=READ,
+    cli=CliCommand(
+        "webhooks",
+        WEBHOOKS_HELP,
+        "list",
+        "list_webhooks: your endpoint's webhooks (ingest URLs, never secrets) and its ceiling",
+        columns=("webhook_id", "source_type", "target_queue", "trust_mode", "rule_count", "created_at", "ingest_url"),
+    ),
 )
 async def list_webhooks(ctx: Context, data: ListWebhooksInput) -> ListWebhooksOutput:
     rows = await ctx.services.webhooks.list_for_endpoint(ctx.caller)

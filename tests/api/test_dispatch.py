@@ -54,6 +54,9 @@ async def test_admin_verbs_are_never_agent_verbs_tools_or_scopes(live_stack: Sta
         "revoke_endpoint",
         "set_friend_edge",
         "set_webhook_rate",
+        "list_humans",
+        "list_agents",
+        "list_endpoints",
     }
     assert set(ADMIN_VERBS).isdisjoint(REGISTRY) and set(VERBS) == set(ADMIN_VERBS) | set(REGISTRY)
     agent = await live_stack.agent()
