@@ -64,7 +64,11 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
                 mcp.running(),
             ):
                 app.state.doorbell = listener
-                yield
+                services.credentials.listener = listener  # from here the credential cache may be trusted
+                try:
+                    yield
+                finally:
+                    services.credentials.listener = None
 
     app = FastAPI(
         title="Switchboard",

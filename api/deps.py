@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from temporalio.client import Client
 
 from api.admission import Admission
+from api.credentials import CredentialCache
 from api.doorbell import DoorbellHub
 from api.ratelimit import KeyedLimits, TokenBuckets
 from routing.sandbox import SandboxPool
@@ -60,7 +61,9 @@ class Services:
     agent_limits: TokenBuckets
     authoring_limits: TokenBuckets
     webhook_admin_limits: TokenBuckets
-    doorbell: DoorbellHub = field(default_factory=DoorbellHub)
+    doorbell: DoorbellHub
+    # Bearer credential → endpoint, trusted only while the doorbell listener hears revocations (api/credentials.py).
+    credentials: CredentialCache
     # One backtest at a time per caller: up to 200 evaluations each, they queue behind their own caller's.
     backtests: KeyedLimits = field(default_factory=lambda: KeyedLimits(1))
 
@@ -68,6 +71,9 @@ class Services:
     def build(cls, settings: Settings, resources: ApiResources) -> Services:
         """The API process's services over the resources the composition root built (runtime/root.py)."""
         stores = resources.stores
+        doorbell = DoorbellHub()
+        credentials = CredentialCache(stores.identities, doorbell)
+        doorbell.caches.append(credentials)
         return cls(
             settings=settings,
             pool=resources.pool,
@@ -91,6 +97,8 @@ class Services:
             webhook_admin_limits=TokenBuckets(
                 settings.webhook_admin_rate_per_second, settings.webhook_admin_rate_burst
             ),
+            doorbell=doorbell,
+            credentials=credentials,
         )
 
     def limits_for(self, rate_class: RateClass) -> TokenBuckets:

@@ -164,6 +164,10 @@ class DoorbellHub:
     subscribers: dict[str, list[Subscriber]] = field(default_factory=dict)
     cursors: dict[str, int] = field(default_factory=dict)
     watchers: list[Watcher] = field(default_factory=list)
+    caches: list[Watcher] = field(default_factory=list)
+    """What remembers an endpoint's credential (api/credentials.py): told of every revocation, closes nothing."""
+    revocations: int = 0
+    """Revocations this process has applied (NOTIFY, liveness check or a revoke made here), for the caches."""
     rung: int = 0
     dropped: int = 0
     unheard: int = 0
@@ -192,7 +196,7 @@ class DoorbellHub:
     def endpoints(self) -> set[str]:
         """Endpoints with anything open in this process (streams, MCP sessions)."""
         out = set(self.subscribers)
-        for watcher in self.watchers:
+        for watcher in (*self.watchers, *self.caches):
             out |= watcher.endpoints()
         return out
 
@@ -238,7 +242,10 @@ class DoorbellHub:
         return sub
 
     async def revoke(self, endpoint_id: str) -> None:
-        """Close every stream and session of a revoked endpoint in this process."""
+        """Close every stream and session of a revoked endpoint in this process, and forget its credential."""
+        self.revocations += 1
+        for cache in self.caches:
+            await cache.revoke(endpoint_id)
         subs = list(self.subscribers.get(endpoint_id, []))
         for sub in subs:
             sub.closed.set()
@@ -278,6 +285,7 @@ class DoorbellListener:
         self.ping_channel = f"switchboard_ping_{secrets.token_hex(8)}"
         self.alive_at: datetime | None = None
         """The server's clock at the last moment this listener was proven to hear (None before the first)."""
+        self._heard_at = 0.0  # the same moment on this process's monotonic clock
         self.connects = 0
         self.caught_up = 0
         self._owed: datetime | None = None  # rings may have been missed since then: a catch-up is owed
@@ -368,7 +376,9 @@ class DoorbellListener:
             async with contextlib.aclosing(conn.notifies(left)) as notes:
                 async for note in notes:
                     if note.channel == self.ping_channel:
-                        heard = heard or note.payload == token
+                        if not heard and note.payload == token:
+                            heard = True
+                            self._heard_at = started  # everything committed before the ping has reached us
                         if heard and first:
                             break
                     else:
@@ -377,6 +387,16 @@ class DoorbellListener:
             raise Deaf(f"no liveness round trip within {self.check_seconds * 1.5:.1f}s")
         # Heard: everything committed before the ping was sent has been delivered to this connection.
         self.alive_at = check.now
+
+    def hearing(self) -> int | None:
+        """The number of the LISTEN connection if it is proven to hear revocations now, else None.
+
+        Listening, and its last liveness round trip was sent within two check periods (a deaf connection is
+        replaced within that anyway, but a credential cache must not wait for that to be found out).
+        """
+        if not self.listening.is_set() or time.monotonic() - self._heard_at > self.check_seconds * 2:
+            return None
+        return self.connects
 
     async def _relay(self, note: Note, now: datetime) -> None:
         try:

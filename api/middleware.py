@@ -194,7 +194,7 @@ class AgentAuthMiddleware:
             )
             return
         try:
-            caller = await services.identities.authenticate(token)
+            caller = await services.credentials.authenticate(token)
         except Unauthenticated as exc:
             await send_json(
                 send,

@@ -37,6 +37,8 @@ class DevStack:
     temporal_address: str
     admin_token: str
     home: Path
+    pid: int
+    """The `switchboard dev` process (API, worker and the servers' parent), for a profiler to attach to."""
 
     def admin(self, verb: str, body: dict[str, object]) -> dict[str, object]:
         resp = httpx.post(
@@ -63,21 +65,32 @@ class DevStack:
 
 
 @contextlib.contextmanager
-def dev_stack(extra_env: dict[str, str] | None = None) -> Iterator[DevStack]:
-    """A whole embedded stack in a temporary folder, with ingest and agent rate limits off for load."""
+def dev_stack(extra_env: dict[str, str] | None = None, *, defaults: bool = False) -> Iterator[DevStack]:
+    """A whole embedded stack in a temporary folder, with ingest and agent rate limits off for load.
+
+    `defaults` keeps the shipped limits and pool size instead (bench/claims.py measures a fleet as installed).
+    """
     with tempfile.TemporaryDirectory(prefix="sb-bench-") as tmp:
         home = Path(tmp)
         port, tport = free_port(), free_port()
         env = {
             "PATH": os.environ.get("PATH", ""),
+            # Passed on, so a benchmark can run another checkout's code with this venv (before/after figures).
+            **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}),
             "SWITCHBOARD_HOME": str(home),
             "SWITCHBOARD_HTTP_PORT": str(port),
             "SWITCHBOARD_TEMPORAL_PORT": str(tport),
             "SWITCHBOARD_TEMPORAL_UI_PORT": str(free_port()),
-            "SWITCHBOARD_INGEST_RATE_PER_SECOND": "0",
-            "SWITCHBOARD_AGENT_RATE_PER_SECOND": "0",
-            "SWITCHBOARD_LOG_LEVEL": "WARNING",
-            "SWITCHBOARD_DB_POOL_MAX": "20",
+            **(
+                {}
+                if defaults
+                else {
+                    "SWITCHBOARD_LOG_LEVEL": "WARNING",
+                    "SWITCHBOARD_INGEST_RATE_PER_SECOND": "0",
+                    "SWITCHBOARD_AGENT_RATE_PER_SECOND": "0",
+                    "SWITCHBOARD_DB_POOL_MAX": "20",
+                }
+            ),
             **(extra_env or {}),
         }
         log = (home / "dev.log").open("ab")
@@ -97,7 +110,7 @@ def dev_stack(extra_env: dict[str, str] | None = None) -> Iterator[DevStack]:
                     raise RuntimeError("stack did not start")
                 time.sleep(0.3)
             token = (home / "admin_token").read_text().strip()
-            yield DevStack(base, env, f"127.0.0.1:{tport}", token, home)
+            yield DevStack(base, env, f"127.0.0.1:{tport}", token, home, proc.pid)
         finally:
             os.killpg(proc.pid, signal.SIGINT)
             try:

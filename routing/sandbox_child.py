@@ -82,8 +82,8 @@ def short_detail(message: str) -> str:
 
 
 def _segment(position: int, expr: str) -> str:
-    """One rule inside the combined program: one output ``[position, outcome, detail?]``, or none when
-    the request starts after it.
+    """One rule inside the combined program: one output (``position`` for a miss, ``[position, "match"]`` or
+    ``[position, "error", detail]``), or none when the request starts after it.
 
     The rule sits alone between its own parentheses on its own lines; refusal() has checked that its
     brackets balance, so it parses as one term exactly as it would on its own and cannot reach its
@@ -93,7 +93,8 @@ def _segment(position: int, expr: str) -> str:
         f"(if $__sbx_start > {position} then empty else"
         f" try ([first((\n{expr}\n)) | (. != null and . != false)]"
         # .[0:1]: libjq's ?// can emit first()'s one value twice; the rule's first output is what decides.
-        f' | .[0:1] | if . == [true] then [{position}, "match"] else [{position}, "nomatch"] end)'
+        # A miss, by far the most common outcome, is the bare position: the cheapest value to hand to Python.
+        f' | .[0:1] | if . == [true] then [{position}, "match"] else {position} end)'
         f' catch [{position}, "error", (if type == "string" then . else tojson end)] end)'
     )
 
@@ -219,6 +220,10 @@ class RuleEngine:
                     yield position, "error", short_detail(str(exc))
                     position += 1
                     break
+                if type(result) is int and result == position:  # a miss
+                    yield position, "nomatch", None
+                    position += 1
+                    continue
                 if not (isinstance(result, list) and len(result) >= 2 and result[0] == position):
                     yield position, "error", "unexpected rule output"
                     position += 1

@@ -38,6 +38,11 @@ SELECT id, pg_notify(%(channel)s, id) AS rang FROM r
 """
 
 
+def credential_valid(credential: str) -> bool:
+    """Whether a bearer credential has the shape of one this store mints (checked before any lookup)."""
+    return credential.startswith("sbk_") and len(credential) <= 200
+
+
 # The operator's listings, newest first, paged by the history's keyset cursor over (created_at, id) as todos are.
 # The endpoint listing names its columns: never credential_hash (only the prefix vend_endpoint showed).
 _AFTER = "(%(after_at)s::timestamptz IS NULL OR (x.created_at, x.id) < (%(after_at)s::timestamptz, %(after_id)s::text))"
@@ -210,7 +215,7 @@ class IdentityStore:
     @translates_errors
     async def authenticate(self, credential: str) -> Caller:
         """Resolve a bearer credential to a live endpoint, or raise Unauthenticated."""
-        if not credential.startswith("sbk_") or len(credential) > 200:
+        if not credential_valid(credential):
             raise Unauthenticated("invalid credential")
         async with self.pool.connection() as conn:
             cur = await conn.execute(_AUTH_SQL, (credential_hash(credential),))

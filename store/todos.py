@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from store.db import Pool
-from store.errors import Conflict, Forbidden, NotFound, translates_errors
+from store.errors import Conflict, Forbidden, InvalidArgument, NotFound, translates_errors
 from store.events import decode_cursor, encode_cursor
 from store.models import Caller, Todo, TodoPage
 
@@ -26,19 +27,24 @@ _COLUMNS = (
     " completed_at, next_retry_at, routing_trace AS routing, work_order, update_event_ids, cancel_reason"
 )
 
+MAX_CLAIM_BATCH = 50
+"""The most todos one claim_next may take (`max`): each gets its own lease, so a holder must be able to work them."""
+
+# The oldest `max` pending todos in scope that no other claimer holds, in one statement (RETURNING has no order:
+# t.seq comes back so the caller can put them oldest first).
 _CLAIM_NEXT = f"""
 WITH next AS (
     SELECT id FROM todos
     WHERE endpoint_id = %(endpoint)s AND state = 'pending' AND queue = ANY(%(queues)s)
     ORDER BY seq
-    LIMIT 1
+    LIMIT %(max)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE todos t
 SET state = 'claimed', owner = %(owner)s, attempt = t.attempt + 1, claimed_at = now(), updated_at = now(),
     lease_expires_at = now() + make_interval(secs => %(lease)s), next_retry_at = NULL
 FROM next WHERE t.id = next.id
-RETURNING {", ".join("t." + c.strip() for c in _COLUMNS.split(","))}
+RETURNING t.seq, {", ".join("t." + c.strip() for c in _COLUMNS.split(","))}
 """  # noqa: S608 - constant column list
 
 _CLAIM = f"""
@@ -216,6 +222,16 @@ class TodoStore:
     @translates_errors
     async def claim_next(self, caller: Caller, queue: str | None, lease_seconds: int | None) -> Todo | None:
         """Claim the oldest pending todo in scope, skipping rows other claimers hold."""
+        todos = await self.claim_many(caller, queue, lease_seconds, 1)
+        return todos[0] if todos else None
+
+    @translates_errors
+    async def claim_many(
+        self, caller: Caller, queue: str | None, lease_seconds: int | None, most: int
+    ) -> builtins.list[Todo]:
+        """Claim up to `most` of the oldest pending todos in scope in one statement, oldest first; each is leased."""
+        if not 1 <= most <= MAX_CLAIM_BATCH:
+            raise InvalidArgument(f"max must be between 1 and {MAX_CLAIM_BATCH}")
         queues = caller.scope_queues
         if queue is not None:
             if queue not in caller.scope_queues:
@@ -229,10 +245,12 @@ class TodoStore:
                     "queues": queues,
                     "owner": owner_of(caller),
                     "lease": clamp_lease(lease_seconds),
+                    "max": most,
                 },
             )
-            row = await cur.fetchone()
-        return Todo.model_validate(row) if row else None
+            rows = await cur.fetchall()
+        rows.sort(key=lambda r: int(r["seq"]))
+        return [Todo.model_validate(r) for r in rows]
 
     @translates_errors
     async def claim(self, caller: Caller, todo_id: str, lease_seconds: int | None) -> Todo:

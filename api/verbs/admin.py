@@ -264,6 +264,9 @@ async def vend_endpoint(ctx: AdminContext, data: VendEndpointInput) -> VendEndpo
 )
 async def revoke_endpoint(ctx: AdminContext, data: RevokeEndpointInput) -> OkOutput:
     await ctx.services.identities.revoke_endpoint(data.endpoint_id)
+    # The NOTIFY reaches every process, this one included, a moment after the commit; applying it here first
+    # means the revoker's own next call through this process is refused, whatever the listener is doing.
+    await ctx.services.doorbell.revoke(data.endpoint_id)
     return OkOutput()
 
 

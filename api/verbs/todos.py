@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInput, verb
 from store.models import Todo
-from store.todos import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS
+from store.todos import DEFAULT_LEASE_SECONDS, MAX_CLAIM_BATCH, MAX_LEASE_SECONDS
 from switchboard.metrics import CLAIMS, DEAD_LETTERS, bounded
 
 TODOS_HELP = "todos (as their endpoint)"
@@ -117,11 +117,29 @@ class ClaimInput(VerbInput):
 class ClaimNextInput(VerbInput):
     queue: QueueFilter
     lease_seconds: LeaseSeconds
+    max: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_CLAIM_BATCH,
+        description=(
+            f"claim up to this many of the oldest pending todos at once (at most {MAX_CLAIM_BATCH}), answered as"
+            " todos, oldest first; each has its own lease. Omitted: one todo, answered as todo"
+        ),
+    )
 
 
 class ClaimNextOutput(BaseModel):
-    empty: bool = False
-    todo: TodoOut | None = None
+    empty: bool = Field(default=False, description="no pending todo in scope was free to claim")
+    todo: TodoOut | None = Field(default=None, description="the todo claimed (without max)")
+    todos: list[TodoOut] | None = Field(default=None, description="with max: every todo claimed, oldest first")
+
+    @model_serializer(mode="wrap")
+    def _without_unasked(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A call without max answers exactly as before the batch form existed: {empty, todo}.
+        out: dict[str, Any] = handler(self)
+        if self.todos is None:
+            out.pop("todos", None)
+        return out
 
 
 class CompleteInput(VerbInput):
@@ -224,14 +242,19 @@ async def claim(ctx: Context, data: ClaimInput) -> TodoResult:
     input=ClaimNextInput,
     output=ClaimNextOutput,
     family="todos",
-    summary="Claim the oldest pending todo in scope; {empty: true} when there is none.",
+    summary="Claim the oldest pending todo in scope (with max, up to max of them); {empty: true} when there is none.",
 )
 async def claim_next(ctx: Context, data: ClaimNextInput) -> ClaimNextOutput:
-    todo = await ctx.services.todos.claim_next(ctx.caller, data.queue, data.lease_seconds)
-    if todo is None:
+    if data.max is not None:
+        todos = await ctx.services.todos.claim_many(ctx.caller, data.queue, data.lease_seconds, data.max)
+        for todo in todos:
+            CLAIMS.labels(queue=bounded(todo.queue)).inc()
+        return ClaimNextOutput(empty=not todos, todos=[_full(t) for t in todos])
+    one = await ctx.services.todos.claim_next(ctx.caller, data.queue, data.lease_seconds)
+    if one is None:
         return ClaimNextOutput(empty=True)
-    CLAIMS.labels(queue=bounded(todo.queue)).inc()
-    return ClaimNextOutput(todo=_full(todo))
+    CLAIMS.labels(queue=bounded(one.queue)).inc()
+    return ClaimNextOutput(todo=_full(one))
 
 
 @verb(

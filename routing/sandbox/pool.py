@@ -84,12 +84,19 @@ class SandboxPool:
         """First-match-wins evaluation of ``rules``; faults are recorded, never raised."""
         if not rules:
             return Evaluation()
-        if self._closed:
-            return sandbox_failure("sandbox pool is closed")
         try:
             text = encode_input(params, envelope)
         except (TypeError, ValueError) as exc:
             return sandbox_failure(f"event not JSON-encodable: {type(exc).__name__}")
+        return await self.evaluate_text(rules, text)
+
+    async def evaluate_text(self, rules: list[dict[str, Any]], text: bytes) -> Evaluation:
+        """``evaluate`` over an input already encoded by ``encode_input``: a caller that evaluates one event more
+        than once (several rule lists, a backtest) encodes it once, and the child gets the same bytes."""
+        if not rules:
+            return Evaluation()
+        if self._closed:
+            return sandbox_failure("sandbox pool is closed")
         exprs, rule_ids = rule_fields(rules)
         self._remember(exprs)
         try:

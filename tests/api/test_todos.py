@@ -399,3 +399,75 @@ async def test_list_todos_pages_past_500(stack: Stack) -> None:
         if not cursor:
             break
     assert len(seen) == 1203
+
+
+async def test_claim_next_with_max_claims_the_oldest_in_one_call_each_with_its_lease(stack: Stack) -> None:
+    agent = await stack.agent(queues=["work", "other"])
+    ids = seed_todos(stack, agent.endpoint_id, 5)
+    [elsewhere] = seed_todos(stack, agent.endpoint_id, 1, queue="other")
+    out = await agent.ok("claim_next", {"max": 3, "queue": "work", "lease_seconds": 120})
+    assert out["empty"] is False and out["todo"] is None
+    assert [t["id"] for t in out["todos"]] == ids[:3]  # oldest first
+    for todo in out["todos"]:
+        assert todo["state"] == "claimed" and todo["attempt"] == 1 and todo["owner"] == f"agent:{agent.agent_id}"
+        lease = datetime.fromisoformat(todo["lease_expires_at"]) - datetime.fromisoformat(todo["claimed_at"])
+        assert timedelta(seconds=110) < lease <= timedelta(seconds=121)
+    rows = dict(stack.sql("SELECT id, state FROM todos WHERE endpoint_id = %s", agent.endpoint_id))
+    assert [rows[i] for i in ids] == ["claimed"] * 3 + ["pending"] * 2 and rows[elsewhere] == "pending"
+    # Fewer left than asked: what there is; then empty, with an empty list (never the single form's todo).
+    rest = await agent.ok("claim_next", {"max": 50, "queue": "work"})
+    assert [t["id"] for t in rest["todos"]] == ids[3:]
+    assert await agent.ok("claim_next", {"max": 2, "queue": "work"}) == {"empty": True, "todo": None, "todos": []}
+    # Each batch-claimed todo is held like any other: complete works, heartbeat extends only its own lease.
+    assert (await agent.ok("complete", {"todo_id": ids[0]}))["todo"]["state"] == "done"
+    assert (await agent.ok("heartbeat", {"todo_id": ids[1], "lease_seconds": 600}))["todo"]["id"] == ids[1]
+    # Without max the answer keeps its old shape.
+    assert set(await agent.ok("claim_next", {})) == {"empty", "todo"}
+
+
+async def test_claim_next_max_is_bounded_and_scoped(stack: Stack) -> None:
+    agent = await stack.agent(queues=["work"])
+    ids = seed_todos(stack, agent.endpoint_id, 2)
+    outsider = await stack.agent(queues=["work"])
+    seed_todos(stack, outsider.endpoint_id, 2)
+    for bad in (0, 51, -1, 2.5):
+        resp = await agent.call("claim_next", {"max": bad})
+        assert resp.status_code == 422 and resp.json()["error"]["code"] == "invalid_argument", bad
+    resp = await agent.call("claim_next", {"max": 5, "queue": "secret"})
+    assert resp.status_code == 403 and resp.json()["error"]["code"] == "forbidden"
+    assert stack.sql("SELECT count(*) FROM todos WHERE state = 'claimed'")[0][0] == 0
+    # Another endpoint's todos in a queue of the same name are never claimed.
+    out = await agent.ok("claim_next", {"max": 10})
+    assert sorted(t["id"] for t in out["todos"]) == sorted(ids)
+    assert (
+        stack.sql("SELECT count(*) FROM todos WHERE endpoint_id = %s AND state = 'pending'", outsider.endpoint_id)[0][0]
+        == 2
+    )
+
+
+async def test_batch_claimers_never_overlap_and_a_lapsed_batch_lease_is_reaped(stack: Stack) -> None:
+    agent = await stack.agent()
+    twin = Agent(
+        stack.http,
+        {"endpoint_id": agent.endpoint_id, "agent_id": agent.agent_id, "credential": agent.credential},
+        agent.human_id,
+    )
+    ids = seed_todos(stack, agent.endpoint_id, 120)
+
+    async def drain(a: Agent) -> list[str]:
+        got: list[str] = []
+        while True:
+            out = await a.ok("claim_next", {"max": 7})
+            if out["empty"]:
+                return got
+            got.extend(t["id"] for t in out["todos"])
+
+    first, second = await asyncio.gather(drain(agent), drain(twin))
+    assert sorted(first + second) == sorted(ids) and not set(first) & set(second)
+    # A batch's leases lapse like single ones: the reaper requeues every one of them.
+    stack.sql(
+        "UPDATE todos SET lease_expires_at = now() - interval '1 second' WHERE endpoint_id = %s", agent.endpoint_id
+    )
+    assert (await reap(stack))["requeued"] == 120
+    again = await agent.ok("claim_next", {"max": 50})
+    assert len(again["todos"]) == 50 and all(t["attempt"] == 2 for t in again["todos"])

@@ -648,3 +648,42 @@ async def test_without_a_readable_cpu_clock_rules_are_timed_on_the_wall_clock(
     assert causes(result) == [(0, "timeout")]
     assert result.faults[0].detail == "rule ran past 50 ms; child killed"  # no claim about CPU it did not read
     assert "rule budgets use wall-clock time" in caplog.text
+
+
+async def test_pre_serialized_text_names_each_faulting_rule_and_why(pool: SandboxPool) -> None:
+    # One combined program for the list; misses come back as bare positions, yet every fault keeps its rule.
+    rule_list = rules(
+        "false",
+        '.payload.n | error("boom")',
+        "not_a_function(1)",
+        "def f: f; f",
+        ".issue.labels[0] | ascii_downcase == 7",
+        '.kind == "issues.opened"',
+    )
+    text = encode_input(None, ENVELOPE)
+    result = await pool.evaluate_text(rule_list, text)
+    assert result.matched_index == 5
+    assert causes(result) == [(1, "error"), (2, "compile_error"), (3, "timeout")]
+    assert [f.rule_id for f in result.faults] == ["r1", "r2", "r3"]
+    assert all(f.detail for f in result.faults)  # why, for each
+    assert result == await pool.evaluate(rule_list, None, ENVELOPE)
+
+
+def test_a_miss_is_the_bare_position_and_anything_else_is_not_taken_for_one() -> None:
+    engine = RuleEngine()
+
+    class Outputs:
+        def __init__(self, *outs: object) -> None:
+            self.outs = outs
+
+        def input_text(self, text: str) -> Iterator[object]:
+            yield PARSED
+            yield from self.outs
+
+    misses = list(engine.evaluate(_Plan(Outputs(0, 1, [2, "match"]), {}), ["a", "b", "c"], "[{},{}]"))
+    assert misses == [(0, "nomatch", None), (1, "nomatch", None), (2, "match", None)]
+    # A bool is not a position (True == 1 in Python), nor is another rule's position: both fault the rule.
+    odd = list(engine.evaluate(_Plan(Outputs(0, True), {}), ["a", "b"], "[{},{}]"))
+    assert odd == [(0, "nomatch", None), (1, "error", "unexpected rule output")]
+    skipped = list(engine.evaluate(_Plan(Outputs(1), {}), ["a", "b"], "[{},{}]"))
+    assert skipped[0] == (0, "error", "unexpected rule output")
