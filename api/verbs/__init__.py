@@ -9,6 +9,7 @@ from api.verbs import (  # noqa: F401  (registration)
     identity,
     reroutes,
     routes,
+    rule_compiler,
     rules,
     schedules,
     todos,
