@@ -33,7 +33,7 @@ KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalive
 """libpq TCP keepalives (ignored on unix sockets), so a peer that vanished is noticed by the kernel too."""
 
 
-async def check_connection(conn: AsyncConnection[DictRow]) -> None:
+async def _check_connection(conn: AsyncConnection[DictRow]) -> None:
     """Raise if a pooled connection is known dead; a round trip only when its socket says something happened.
 
     psycopg_pool's own check is an empty statement per checkout: on the claims path that was a third of the
@@ -52,7 +52,7 @@ async def check_connection(conn: AsyncConnection[DictRow]) -> None:
 
 @translates_errors
 async def open_pool(url: str, *, max_size: int = 10, min_size: int = 1, pool_timeout: float = 10.0) -> Pool:
-    """Open a pool whose connections return dict rows and are checked (check_connection) before each use;
+    """Open a pool whose connections return dict rows and are checked (_check_connection) before each use;
     `pool_timeout` bounds each wait for a connection."""
     pool: Pool = AsyncConnectionPool(
         url,
@@ -62,7 +62,7 @@ async def open_pool(url: str, *, max_size: int = 10, min_size: int = 1, pool_tim
         kwargs={"row_factory": dict_row, "autocommit": True, "connect_timeout": 5, **KEEPALIVES},
         # After a database restart every idle connection is dead: the check at checkout discards it and hands
         # out a fresh one instead of failing the caller's statement (a round trip only when the socket is readable).
-        check=check_connection,
+        check=_check_connection,
         open=False,
         timeout=pool_timeout,
     )

@@ -286,6 +286,9 @@ async def test_verbs_have_the_rate_class_their_kind_of_work_needs(stack: Stack) 
         "configure_webhook",
         "reroute_webhook_event",
         "reroute_webhook_events",
+        "compile_webhook_rule",
+        "set_llm_triage",
+        "clear_llm_triage",
     }
     churn = {"create_webhook", "rotate_webhook", "delete_webhook", "create_schedule", "delete_schedule"}
     for name, verb in REGISTRY.items():

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from cli.client import CliError
 from cli.main import build_parser
 from routing.reroute import RerouteEventsInput
 from switchboard.settings import Settings
@@ -328,8 +329,10 @@ async def test_the_cli_wraps_the_reroute_and_todo_verbs(live_stack: Stack, capsy
     todo_id = bulk["progress"]["results"][0]["todos"][0]["id"]
     code, canceled = await run("todos", "cancel", todo_id, "--reason", "not needed")
     assert code == 0 and canceled["todo"]["state"] == "canceled" and canceled["todo"]["cancel_reason"] == "not needed"
-    code, refused = await run("todos", "retry", todo_id)
-    assert code == 1 and refused["error"]["code"] == "conflict"
+    # A refusal is one line with the API's code and exit status 1 (cli/client.py), printed by main().
+    with pytest.raises(CliError) as refused:
+        await run("todos", "retry", todo_id)
+    assert refused.value.code == "conflict" and refused.value.exit_code == 1
     stack.sql("UPDATE todos SET state = 'failed', attempt = 5, next_retry_at = NULL WHERE id = %s", todo_id)
     code, retried = await run("todos", "retry", todo_id)
     assert code == 0 and retried["todo"]["state"] == "pending" and retried["todo"]["attempt"] == 0

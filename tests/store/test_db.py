@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import psycopg
 
 from store.db import open_pool
@@ -19,6 +21,14 @@ async def test_pool_replaces_connections_killed_under_it(database_url: str) -> N
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
+            # pg_terminate_backend only signals; a restart is over once the old backends are gone (their FATAL
+            # sent), which is what the pool's check reads from the socket (store/db.py _check_connection).
+            deadline = time.monotonic() + 30
+            while admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone() != (0,):
+                assert time.monotonic() < deadline, "the terminated backends never exited"
+                time.sleep(0.01)
         for _ in range(3):
             async with pool.connection() as conn:
                 cur = await conn.execute("SELECT 1 AS one")
