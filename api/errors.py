@@ -31,6 +31,11 @@ STATUS: dict[str, int] = {
     "conflict": 409,
     "too_large": 413,
     "invalid_argument": 422,
+    # compile_webhook_rule: the model's answer is not a usable rule or schedule (api/verbs/rule_compiler.py).
+    "uncompilable": 422,
+    # A model provider failed or answered no JSON object / did not answer in time (switchboard/llm.py causes).
+    "llm_error": 502,
+    "llm_timeout": 504,
     # Save-time rule validation codes, verbatim from routing; not_granted surfaces as forbidden (store/rules.py).
     **{code: 422 for code in RULE_ERROR_CODES if code != "not_granted"},
     "rate_limited": 429,

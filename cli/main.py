@@ -326,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     groups = add_verb_commands(sub)
 
-    # Composed of set_webhook_rules and a shipped (or given) pack.
+    # Composed of set_webhook_rules and a shipped (or given) pack; `rules compile` and the other rule verbs come
+    # from the verb table.
     rules = groups.get("rules") or sub.add_parser("rules", help="routing rules").add_subparsers(
         dest="action", required=True
     )

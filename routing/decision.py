@@ -5,8 +5,9 @@ runs these steps in order, each a function of its own:
 
 1. **match** — which configured rule the evaluation chose (``match``);
 2. **hold** — under on_fault "hold", a fault before the match stops here, minting nothing (``held``);
-3. **action** — the matched rule's action re-applied to the live grant (``rule_choice``), else the default
-   (``default_choice``); LLM triage (SPEC-0020 Phase 2) belongs between the two, see ``choose``;
+3. **action** — the matched rule's action re-applied to the live grant (``rule_choice``), else, when the
+   webhook has an LLM triage stage and no rule matched, the model's answer judged by routing.triage
+   (``llm_choice``), else the default (``default_choice``), see ``choose``;
 4. **targets** — the action's queue on the targets it reaches: endpoint intersection, exclusive pick
    (``apply_action``);
 5. **claims** — the once-key, the coalescing subject and the work order the routed todos carry (``settle``);
@@ -23,6 +24,7 @@ from typing import Any
 from routing.collectors import path_subject
 from routing.envelope import once_key, subject_key
 from routing.models import TRUST_BY_SOURCE, Cause, Decision, Evaluation, Fault, Grant, Mint, Stage
+from routing.triage import TriageResult, judge, not_run_record
 from routing.workorder import build_work_order
 
 # Kept here rather than imported from routing.rules, which loads the jq extension: a Temporal workflow
@@ -61,6 +63,7 @@ class Choice:
     cause: Cause | None
     action: Mapping[str, Any]
     applied: Applied
+    llm: dict[str, Any] | None = None  # the triage stage's record (provider, model, answer, threshold, outcome)
 
 
 def default_todos(grant: Grant) -> list[Mint]:
@@ -158,29 +161,68 @@ def rule_choice(grant: Grant, matched: Match) -> Choice | None:
     return Choice(stage="rule", cause=None, action=action, applied=applied)
 
 
-def default_choice(grant: Grant, matched: Match) -> Choice:
+def default_choice(
+    grant: Grant, matched: Match, *, cause: Cause | None = None, llm: dict[str, Any] | None = None
+) -> Choice:
     """The configured default on this grant, else the target queue on every target; the cause says why."""
     # A matched rule that is no longer reachable takes the default; it never falls through to a later rule.
-    cause: Cause = CAUSE_NO_MATCH if matched.index is None else CAUSE_RULE_NOT_GRANTED
+    if cause is None:
+        cause = CAUSE_NO_MATCH if matched.index is None else CAUSE_RULE_NOT_GRANTED
     if grant.default_action is not None:
         applied = apply_action(grant.default_action, grant)
         if applied is not None:
-            return Choice(stage="default", cause=cause, action=grant.default_action, applied=applied)
+            return Choice(stage="default", cause=cause, action=grant.default_action, applied=applied, llm=llm)
         cause = CAUSE_DEFAULT_NOT_GRANTED
     return Choice(
         stage="default",
         cause=cause,
         action={"queue": grant.target_queue},
         applied=Applied(todos=default_todos(grant)),
+        llm=llm,
     )
 
 
-def choose(grant: Grant, matched: Match) -> Choice:
-    """The deciding action: the matched rule's when it is reachable, else the default."""
-    # LLM triage (SPEC-0020 Phase 2, issue 13) plugs in here: only when rule_choice is None, its answer (an
-    # activity result, passed in like the evaluation) becomes a stage "llm" choice, and the default applies
-    # only when it declined. Nothing before this point may depend on a model.
-    return rule_choice(grant, matched) or default_choice(grant, matched)
+def triage_due(grant: Grant, evaluation: Evaluation) -> bool:
+    """Whether the LLM triage stage runs: configured, no rule matched, and on_fault did not hold."""
+    if grant.llm_triage is None:
+        return False
+    matched = match(grant, evaluation)
+    if matched.index is not None:
+        # A matched rule decides, even when it is no longer reachable (it takes the default, never a model).
+        return False
+    return not (grant.on_fault == "hold" and holding_fault(evaluation, None) is not None)
+
+
+def llm_choice(grant: Grant, matched: Match, triage: TriageResult | None) -> Choice:
+    """The triage stage's queue when its answer is granted and confident enough, else the default with its cause.
+
+    ``triage`` is the triage activity's result; None means no model was called here (dry-run, backtest), which
+    the trace records as llm outcome "not_run" before the default it would fall back to.
+    """
+    config = grant.llm_triage
+    assert config is not None
+    if triage is None:
+        return default_choice(grant, matched, llm=not_run_record(config))
+    verdict = judge(config, triage, grant.queues())
+    if verdict.queue is not None:
+        action = {"queue": verdict.queue}
+        applied = apply_action(action, grant)
+        if applied is not None:
+            return Choice(stage="llm", cause=None, action=action, applied=applied, llm=verdict.record)
+        record = {**verdict.record, "outcome": "llm_rejected", "detail": "the answer's queue reaches no live target"}
+        return default_choice(grant, matched, cause="llm_rejected", llm=record)
+    return default_choice(grant, matched, cause=verdict.cause, llm=verdict.record)
+
+
+def choose(grant: Grant, matched: Match, triage: TriageResult | None = None) -> Choice:
+    """The deciding action: the matched rule's when it is reachable, else triage's (when configured), else the
+    default. Nothing before this point depends on a model; triage's answer is an activity result passed in."""
+    ruled = rule_choice(grant, matched)
+    if ruled is not None:
+        return ruled
+    if grant.llm_triage is not None and matched.index is None:
+        return llm_choice(grant, matched, triage)
+    return default_choice(grant, matched)
 
 
 def trace_of(matched: Match, choice: Choice, evaluation: Evaluation) -> dict[str, Any]:
@@ -195,6 +237,8 @@ def trace_of(matched: Match, choice: Choice, evaluation: Evaluation) -> dict[str
         if matched.rule_name is not None:
             trace["rule_name"] = matched.rule_name
     trace["action"] = copy.deepcopy(dict(choice.action))
+    if choice.llm is not None:
+        trace["llm"] = copy.deepcopy(choice.llm)
     if evaluation.faults:
         trace["faults"] = _faults(evaluation)
     return trace
@@ -272,12 +316,18 @@ def settle(
     )
 
 
-def decide(grant: Grant, evaluation: Evaluation, envelope: dict[str, Any] | None = None) -> Decision:
-    """Turn an evaluation into the todos to mint under the grant recomputed for this delivery."""
+def decide(
+    grant: Grant,
+    evaluation: Evaluation,
+    envelope: dict[str, Any] | None = None,
+    triage: TriageResult | None = None,
+) -> Decision:
+    """Turn an evaluation (and, when it ran, the triage stage's result) into the todos to mint under the grant
+    recomputed for this delivery."""
     matched = match(grant, evaluation)
     if grant.on_fault == "hold":
         fault = holding_fault(evaluation, matched.index)
         if fault is not None:
             return held(evaluation, fault, grant.rules)
-    choice = choose(grant, matched)
+    choice = choose(grant, matched, triage)
     return settle(grant, matched, choice, trace_of(matched, choice, evaluation), envelope)

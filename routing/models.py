@@ -29,6 +29,32 @@ class Target(BaseModel):
     scope_queues: list[str]
 
 
+class TriageQueue(BaseModel):
+    """A queue LLM triage may choose, with the owner's description of what belongs there."""
+
+    queue: str
+    description: str = ""
+
+
+class TriageConfig(BaseModel):
+    """A webhook's LLM triage stage (set_llm_triage), as saved: provider, model, queues, threshold, budgets."""
+
+    provider: str
+    model: str
+    queues: list[TriageQueue]
+    threshold: float
+    per_minute: int
+    per_day: int
+    include_payload: bool = False
+    include_payload_set_at: str | None = None  # ISO time the owner enabled full payload text (egress record)
+    include_payload_set_by: str | None = None  # the endpoint that did
+    timeout_seconds: float | None = None  # None: the provider's own timeout
+
+    def queue_names(self) -> list[str]:
+        """The queues the model may answer with, in the owner's order."""
+        return [q.queue for q in self.queues]
+
+
 class Grant(BaseModel):
     """Everything a delivery may reach, computed from switchboard state for one delivery."""
 
@@ -44,6 +70,8 @@ class Grant(BaseModel):
     params: dict[str, Any] | None = None
     subject_path: str | None = None  # the webhook's coalescing subject path (configure_webhook)
     on_fault: OnFault = "continue"
+    # The webhook's LLM triage stage, when configured; a history recorded before triage existed has none.
+    llm_triage: TriageConfig | None = None
 
     def queues(self) -> list[str]:
         """Queues a rule may name: the target queue plus the owner's allowed webhook queues."""
@@ -58,9 +86,23 @@ FaultCause = Literal["error", "timeout", "compile_error", "budget_exhausted", "s
 Disposition = Literal["routed", "dropped", "faulted"]
 EventDisposition = Literal["routed", "dropped", "repeat", "faulted"]
 # The trace's stage: what decided. "fault" is a delivery held on a fault (or whose commit was refused).
-Stage = Literal["rule", "default", "fault"]
+Stage = Literal["rule", "llm", "default", "fault"]
+# Why LLM triage declined and the default decided (SPEC-0020 "LLM Triage Stage", "Cost and Latency Bounds").
+TriageCause = Literal["llm_rejected", "llm_low_confidence", "llm_timeout", "llm_error", "budget_exhausted"]
+TRIAGE_CAUSES: tuple[str, ...] = ("llm_rejected", "llm_low_confidence", "llm_timeout", "llm_error", "budget_exhausted")
 # The trace's cause: why the default decided, or why the delivery was held.
-Cause = Literal["no_match_default", "rule_not_granted", "default_not_granted", "held_on_fault", "commit_failed"]
+Cause = Literal[
+    "no_match_default",
+    "rule_not_granted",
+    "default_not_granted",
+    "held_on_fault",
+    "commit_failed",
+    "llm_rejected",
+    "llm_low_confidence",
+    "llm_timeout",
+    "llm_error",
+    "budget_exhausted",
+]
 
 
 class Fault(BaseModel):

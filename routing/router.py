@@ -2,8 +2,10 @@
 
 RouteDelivery, the dry-run, the backtest and the rule-pack tests all route through ``route``. Only the
 evaluate step differs between them, so it is a parameter: in the workflow it is the evaluate_rules activity
-(the one step with I/O), elsewhere a sandbox pool in this process (``evaluator``). The decision itself is
-pure (routing.decision) and runs inside the workflow. Like routing.decision, this module must not need jq:
+(the one step with I/O), elsewhere a sandbox pool in this process (``evaluator``). The LLM triage step is a
+parameter the same way: the workflow passes its triage activity; the dry-run and the backtest pass none, so
+they never call a model and their trace says the stage was not run (llm outcome "not_run"). The decision
+itself is pure (routing.decision) and runs inside the workflow. Like routing.decision, this module must not need jq:
 the workflow imports it inside its sandbox.
 """
 
@@ -13,10 +15,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from routing.decision import decide
+from routing.decision import decide, triage_due
 from routing.models import Decision, EvaluateInput, Evaluation, Grant
+from routing.triage import TriageInput, TriageResult, projection
 
 Evaluate = Callable[[EvaluateInput], Awaitable[Evaluation]]
+# The triage step: the activity's result, or None when it was not run after all (an unpatched replay).
+Triage = Callable[[TriageInput], Awaitable[TriageResult | None]]
 
 
 class RuleEvaluator(Protocol):
@@ -31,17 +36,20 @@ class RuleEvaluator(Protocol):
 
 @dataclass(frozen=True)
 class Routed:
-    """What routing one envelope came to: the evaluation (empty without rules) and the decision."""
+    """What routing one envelope came to: the evaluation (empty without rules), triage's result when it ran, and
+    the decision."""
 
     evaluation: Evaluation
     decision: Decision
+    triage: TriageResult | None = None
 
 
 def needs_envelope(grant: Grant) -> bool:
     """Whether routing reads the envelope, so a caller may skip parsing the body when it does not."""
     # Rules evaluate it; a configured default may ask for a once-key, coalescing or a work order, which read
     # its subject. A webhook with neither routes to its target queue whatever the body says.
-    return bool(grant.rules or grant.default_action)
+    # Triage sends a projection of it to the model.
+    return bool(grant.rules or grant.default_action or grant.llm_triage)
 
 
 def evaluation_input(grant: Grant, envelope: dict[str, Any] | None) -> EvaluateInput | None:
@@ -53,13 +61,33 @@ def evaluation_input(grant: Grant, envelope: dict[str, Any] | None) -> EvaluateI
     return EvaluateInput(rules=grant.rules, params=grant.params, envelope=envelope)
 
 
-async def route(grant: Grant, envelope: dict[str, Any] | None, evaluate: Evaluate) -> Routed:
-    """Evaluate the grant's rules on the envelope when there are any, then decide under the grant."""
+def triage_input(grant: Grant, evaluation: Evaluation, envelope: dict[str, Any] | None) -> TriageInput | None:
+    """The triage step's input when the stage is due (configured, no rule matched, not held), else None."""
+    config = grant.llm_triage
+    if config is None or envelope is None or not triage_due(grant, evaluation):
+        return None
+    return TriageInput(
+        webhook_id=grant.webhook_id,
+        endpoint_id=grant.owner_endpoint_id,
+        config=config,
+        projection=projection(envelope, include_payload=config.include_payload),
+    )
+
+
+async def route(
+    grant: Grant, envelope: dict[str, Any] | None, evaluate: Evaluate, triage: Triage | None = None
+) -> Routed:
+    """Evaluate the grant's rules on the envelope when there are any, triage when due and a step is given, then
+    decide under the grant."""
     request = evaluation_input(grant, envelope)
     evaluation = Evaluation() if request is None else await evaluate(request)
-    # LLM triage (issue 13) is a second step of this shape: awaited only when the evaluation decided nothing
-    # (no reachable rule matched and on_fault did not hold), its answer handed to decide (routing.decision.choose).
-    return Routed(evaluation=evaluation, decision=decide(grant, evaluation, envelope))
+    # Triage is awaited only when the evaluation decided nothing (no rule matched, on_fault did not hold):
+    # a delivery a rule decides never waits on a model or spends its budget.
+    result: TriageResult | None = None
+    asked = triage_input(grant, evaluation, envelope) if triage is not None else None
+    if triage is not None and asked is not None:
+        result = await triage(asked)
+    return Routed(evaluation=evaluation, decision=decide(grant, evaluation, envelope, result), triage=result)
 
 
 def evaluator(pool: RuleEvaluator) -> Evaluate:

@@ -32,6 +32,7 @@ from store.doorbell import DoorbellStore
 from store.events import EventStore
 from store.identity import IdentityStore
 from store.inbox import InboxStore
+from store.llm import Ceilings, LlmStore
 from store.routes import RouteStore
 from store.rules import RuleStore
 from store.schedules import ScheduleStore
@@ -62,6 +63,7 @@ class Stores:
     inbox: InboxStore
     deliveries: DeliveryStore
     doorbell: DoorbellStore
+    llm: LlmStore
 
 
 def build_stores(pool: Pool, settings: Settings) -> Stores:
@@ -82,6 +84,16 @@ def build_stores(pool: Pool, settings: Settings) -> Stores:
         inbox=InboxStore(pool),
         deliveries=DeliveryStore(pool),
         doorbell=DoorbellStore(pool),
+        llm=LlmStore(pool, box, webhooks, offer_embedded=settings.llm_embedded),
+    )
+
+
+def llm_ceilings(settings: Settings) -> Ceilings:
+    """The operator's caps on LLM triage (SWITCHBOARD_LLM_*), read by the save-time check and the activity alike."""
+    return Ceilings(
+        per_minute=settings.llm_triage_per_minute_max,
+        per_day=settings.llm_triage_per_day_max,
+        timeout_seconds=settings.llm_timeout_max_seconds,
     )
 
 

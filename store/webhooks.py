@@ -8,7 +8,7 @@ from cryptography.exceptions import InvalidTag
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 
-from routing.models import Grant, Target
+from routing.models import Grant, Target, TriageConfig
 from routing.sources import RESERVED_SOURCES, SOURCE_TYPES, find_source
 from store.crypto import SecretBox
 from store.db import Pool
@@ -56,7 +56,8 @@ WITH w AS (
 SELECT w.*, coalesce((
     SELECT json_agg(json_build_object('endpoint_id', t.endpoint_id, 'scope_queues', t.scope_queues)
                     ORDER BY t.rank, t.granted_at NULLS FIRST, t.endpoint_id)
-    FROM targets t), '[]'::json) AS targets
+    FROM targets t), '[]'::json) AS targets,
+    (SELECT row_to_json(t) FROM webhook_llm_triage t WHERE t.webhook_id = w.id) AS llm_triage
 FROM w
 """
 
@@ -187,6 +188,7 @@ class WebhookStore:
             params=row["routing_params"],
             on_fault=row["routing_on_fault"],
             subject_path=((row["config"] or {}).get("collector") or {}).get("subject_path"),
+            llm_triage=TriageConfig.model_validate(row["llm_triage"]) if row["llm_triage"] else None,
         )
 
     @translates_errors

@@ -122,6 +122,39 @@ DOORBELL_DROPS = Counter(
     ["transport"],
 )
 
+TRIAGE_CALLS = Counter(
+    "switchboard_llm_triage_calls",
+    "LLM triage activity runs, by provider and outcome (answered, llm_timeout, llm_error, budget_exhausted:"
+    " refused before any call).",
+    ["provider", "outcome"],
+)
+TRIAGE_LATENCY = Histogram(
+    "switchboard_llm_triage_call_seconds",
+    "Time of one model call of LLM triage (budget check excluded), by provider.",
+    ["provider"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
+)
+TRIAGE_DECISIONS = Counter(
+    "switchboard_llm_triage_decisions",
+    "Committed deliveries that reached LLM triage, by its outcome on the trace (chosen, llm_rejected,"
+    " llm_low_confidence, llm_timeout, llm_error, budget_exhausted).",
+    ["outcome"],
+)
+
+
+def record_triage_call(provider: str, outcome: str, seconds: float | None) -> None:
+    """One run of the triage activity; ``seconds`` is the model call's time when a call was made."""
+    label = bounded(provider)
+    TRIAGE_CALLS.labels(provider=label, outcome=bounded(outcome)).inc()
+    if seconds is not None:
+        TRIAGE_LATENCY.labels(provider=label).observe(seconds)
+
+
+def record_triage_decision(llm: object) -> None:
+    """The triage outcome on a committed delivery's trace (its ``llm`` record), if it reached triage."""
+    if isinstance(llm, Mapping):
+        TRIAGE_DECISIONS.labels(outcome=bounded(llm.get("outcome"))).inc()
+
 
 def record_ingest(source: str | None, status: int, seconds: float) -> None:
     """One answered ingest request."""

@@ -106,6 +106,13 @@ class Settings(BaseSettings):
     evaluate_queue_seconds: float = Field(default=120.0, gt=0, le=3600)
     # The API process's own sandbox for test_webhook_rules, backtest_webhook_rules and save-time compiles.
     rule_test_slots: int = Field(default=1, ge=1, le=16)
+    # LLM triage (SPEC-0020 Phase 2) operator ceilings: triage calls per endpoint (the sum over its webhooks) per
+    # minute and per UTC day, which also cap any one webhook's per_minute/per_day, and the longest call allowed.
+    llm_triage_per_minute_max: int = Field(default=60, ge=0, le=100_000)
+    llm_triage_per_day_max: int = Field(default=5_000, ge=0, le=10_000_000)
+    llm_timeout_max_seconds: float = Field(default=30.0, gt=0, le=600)
+    # Offer the built-in provider "embedded" (the local model of the optional `llm` extra) when it is installed.
+    llm_embedded: bool = True
     log_level: str = "INFO"
     # A worker process's metrics listener (GET any path on SWITCHBOARD_HTTP_HOST:port); 0 = none. API processes
     # serve /metrics on their HTTP port, and an API-hosted worker shares it.

@@ -104,6 +104,10 @@ def test_agent_commands_from_the_verb_table_send_their_verbs_input(monkeypatch: 
         "get_reroute",
         {"workflow_id": "reroute-batch-wh_1"},
     )
+    assert run_agent(monkeypatch, "rules", "compile", "wh_1", "bugs to triage", "--sample", "5") == (
+        "compile_webhook_rule",
+        {"webhook_id": "wh_1", "sentence": "bugs to triage", "sample": 5},
+    )
     # The composed command picks one of the two re-route verbs.
     assert run_agent(monkeypatch, "events", "reroute", "ev_1", "--dry-run") == (
         "reroute_webhook_event",

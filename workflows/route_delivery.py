@@ -14,9 +14,11 @@ with workflow.unsafe.imports_passed_through():
     from activities.errors import STORE_REJECTED
     from activities.models import LoadGrantInput
     from activities.route import RouteActivities
+    from activities.triage import TriageActivities
     from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultCommitInput
     from routing.models import EvaluateInput, Evaluation, Fault
     from routing.router import needs_envelope, route
+    from routing.triage import TriageInput, TriageResult
     from workflows import explain, search
 
 # Store activities are retried on transient errors (database restarts, pool timeouts) until PostgreSQL answers:
@@ -30,6 +32,17 @@ STORE_RETRY = RetryPolicy(
 # Marks the code path that ends a refused commit as faulted (histories before it never reach that branch).
 COMMIT_FAULT_PATCH = "commit-refused-ends-faulted"
 EVALUATE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5)
+# LLM triage (SPEC-0020 Phase 2): reached only by runs whose grant has a triage stage, which no run recorded
+# before it could have; patched all the same, so the branch is explicit in every history that takes it.
+LLM_TRIAGE_PATCH = "llm-triage"
+# One attempt: a model call spends budget, and a failed or timed-out call is an outcome (the default decides).
+TRIAGE_RETRY = RetryPolicy(maximum_attempts=1)
+# The activity bounds its own call (the stage's timeout, capped by SWITCHBOARD_LLM_TIMEOUT_MAX_SECONDS); this
+# covers the budget statement and a provider lookup around it. Unset stage timeout: the operator's cap applies.
+TRIAGE_MARGIN = timedelta(seconds=15)
+TRIAGE_DEFAULT_TIMEOUT = timedelta(seconds=60)
+# Waiting for a worker to start it: a delivery must not wait in silence for a model it could route without.
+TRIAGE_QUEUE_WAIT = timedelta(seconds=30)
 
 
 # Rule evaluations run on their own task queue, served in every worker process by a worker whose activity
@@ -76,7 +89,7 @@ class RouteDelivery:
 
         # The one routing composition (routing.router); its evaluate step is an activity, decide runs here.
         envelope = delivery.envelope() if needs_envelope(grant) else None
-        routed = await route(grant, envelope, functools.partial(self._evaluate, delivery))
+        routed = await route(grant, envelope, functools.partial(self._evaluate, delivery), self._triage)
         decision = routed.decision
 
         try:
@@ -159,6 +172,32 @@ class RouteDelivery:
             # Every attempt lost its worker or failed: the delivery is still decided (and visible), as a fault.
             detail = f"evaluation failed after retries: {cause or exc}"[:200]
             return Evaluation(faults=[Fault(rule_index=-1, cause="sandbox_failure", detail=detail)])
+
+    async def _triage(self, request: TriageInput) -> TriageResult | None:
+        """The triage step: one attempt of the triage activity; its failure is an outcome, never the run's."""
+        if not workflow.patched(LLM_TRIAGE_PATCH):
+            return None
+        config = request.config
+        stage_timeout = timedelta(seconds=config.timeout_seconds) if config.timeout_seconds else TRIAGE_DEFAULT_TIMEOUT
+        try:
+            return await workflow.execute_activity_method(
+                TriageActivities.triage,
+                request,
+                schedule_to_start_timeout=TRIAGE_QUEUE_WAIT,
+                start_to_close_timeout=stage_timeout + TRIAGE_MARGIN,
+                retry_policy=TRIAGE_RETRY,
+                summary=f"llm triage: {config.provider}/{config.model}"[:200],
+            )
+        except ActivityError as exc:
+            cause = exc.cause
+            if isinstance(cause, CancelledError):
+                raise
+            return TriageResult(
+                outcome="llm_timeout" if isinstance(cause, ActivityTimeout) else "llm_error",
+                provider=config.provider,
+                model=config.model,
+                detail=f"triage activity failed: {cause or exc}"[:200],
+            )
 
     async def _commit_faulted(self, delivery: DeliveryInput, faults: object, refused: ApplicationError) -> CommitResult:
         """The commit was refused: store the event as faulted with the error; if even that is refused, just end."""

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from api.verbs import admin, collectors, events, identity, reroutes, routes, rules, schedules, todos, webhooks  # noqa: F401  (registration)
+from api.verbs import (  # noqa: F401  (registration)
+    admin,
+    collectors,
+    events,
+    identity,
+    reroutes,
+    routes,
+    rule_compiler,
+    rules,
+    schedules,
+    todos,
+    triage,
+    webhooks,
+)
 from api.verbs.registry import ADMIN_VERBS, REGISTRY, VERBS, Verb
 
 __all__ = ["ADMIN_VERBS", "REGISTRY", "VERBS", "Verb"]

@@ -28,9 +28,12 @@ CONTRACT = {
     "invalid_rule": 422,
     "too_many_rules": 422,
     "invalid_params": 422,
+    "uncompilable": 422,
     "rate_limited": 429,
     "internal": 500,
+    "llm_error": 502,
     "unavailable": 503,
+    "llm_timeout": 504,
     "sandbox_busy": 503,
 }
 

@@ -35,6 +35,7 @@ READ_ONLY = {
     "list_schedules",
     "test_webhook_rules",
     "backtest_webhook_rules",
+    "compile_webhook_rule",
 }
 DESTRUCTIVE = {
     "delete_webhook",

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import pytest
 from psycopg.types.json import Jsonb
 
 from tests.api.test_routing_scenarios import RUNAWAY, event_row, fleet, labeled, setup
 from tests.conftest import Agent, Stack
-from tests.helpers import issue_payload, post_github
+from tests.helpers import eventually, issue_payload, post_github
 from tests.workflows.replay import handle_for, replay_and_keep
 from workflows.route_delivery import workflow_id_for
 
@@ -288,3 +290,27 @@ async def test_pool_review_fails_closed_when_the_own_pr_gate_faults(stack: Stack
     assert stack.sql("SELECT count(*) FROM todos")[0][0] == 0
     assert await decision_attribute(stack, wid, "pool-fault") == "faulted"
     assert trace["faults"][0]["cause"] == "timeout"
+
+
+async def test_a_rule_fault_is_logged_with_the_rule_and_cause_never_the_detail(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="temporalio.activity")
+    _, webhook = await gated(stack, ERRORS, None)
+    resp = await post_github(stack.http, webhook, issue_payload(), delivery="logged-1")
+    assert resp.status_code == 202
+    event_id = resp.json()["event_id"]
+    _, trace, _ = event_row(stack, event_id)
+    [fault] = trace["faults"]
+    assert fault["detail"]  # the jq error message is on the trace
+
+    def fault_lines() -> list[str] | None:
+        lines = [
+            r.getMessage() for r in caplog.records if r.getMessage().startswith(f"rule faults on event {event_id}")
+        ]
+        return lines or None
+
+    [line] = await eventually(fault_lines)
+    # The SDK logger appends the activity context after the message.
+    assert line.startswith(f"rule faults on event {event_id}: rule 0 (boom): error (")
+    assert fault["detail"] not in line

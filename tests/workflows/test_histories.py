@@ -57,6 +57,9 @@ PATHS = {
     "RouteDelivery: every evaluation attempt fails (sandbox_failure)": "route_delivery_evaluate_failed.json",
     "RouteDelivery: the commit is refused, stored as faulted": "route_delivery_commit_faulted.json",
     "RouteDelivery: even the faulted row is refused": "route_delivery_commit_refused_twice.json",
+    # Recorded by tests/api/test_llm_triage.py (`make histories` runs it too).
+    "RouteDelivery: no rule matched, LLM triage chooses a queue": "route_delivery_llm_triage.json",
+    "RouteDelivery: no rule matched, LLM triage declines (the default)": "route_delivery_llm_default.json",
     "FireSchedule: a fire routed by its child RouteDelivery": "fire_schedule.json",
     "FireSchedule: the child RouteDelivery of a fire": "fire_schedule_child.json",
     "FireSchedule: a later fire of the same slot (duplicate)": "fire_schedule_duplicate.json",
