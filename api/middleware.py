@@ -14,6 +14,7 @@ from api.bodies import read_capped
 from api.deps import Services
 from api.dispatch import Refusal, admit
 from api.errors import error_body, public_error, status_for
+from api.surface import serve_agent_verb
 from api.verbs import REGISTRY
 from store.errors import DomainError, Unauthenticated
 from switchboard.logs import REQUEST_ID, mask_secrets
@@ -34,6 +35,10 @@ DOCS_CSP = (
     b"default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; img-src 'self' data:;"
     b" connect-src 'self'; worker-src 'self' blob:"
 )
+
+DOCS_HEADERS = [(name, DOCS_CSP if name == b"content-security-policy" else value) for name, value in SECURITY_HEADERS]
+# Headers this middleware sets: any the app set are dropped first, so each appears once.
+_REPLACED = frozenset({name for name, _ in SECURITY_HEADERS} | {b"x-request-id"})
 
 
 async def send_json(
@@ -84,12 +89,8 @@ class RequestLogMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                headers = [
-                    h for h in message.get("headers", []) if h[0].lower() not in {k for k, _ in SECURITY_HEADERS}
-                ]
-                for name, value in SECURITY_HEADERS:
-                    headers.append((name, DOCS_CSP if (is_docs and name == b"content-security-policy") else value))
-                headers = [h for h in headers if h[0].lower() != b"x-request-id"]
+                headers = [h for h in message.get("headers", []) if h[0].lower() not in _REPLACED]
+                headers += DOCS_HEADERS if is_docs else SECURITY_HEADERS
                 headers.append((b"x-request-id", request_id.encode()))
                 message["headers"] = headers
             await send(message)
@@ -207,7 +208,13 @@ class AgentAuthMiddleware:
             code, message = public_error(exc, "authenticate")
             await send_json(send, status_for(code), error_body(code, message))
             return
-        if path.startswith("/v1/") and path[len("/v1/") :] not in REGISTRY:
+        verb = REGISTRY.get(path[len("/v1/") :]) if path.startswith("/v1/") else None
+        if verb is not None and scope.get("method") == "POST":
+            # The agent hot path: the verb is answered here, past nothing FastAPI would add (api/surface.py).
+            scope.setdefault("state", {})["caller"] = caller
+            await serve_agent_verb(verb, services, caller, scope, receive, send)
+            return
+        if path.startswith("/v1/") and verb is None:
             # Verbs are admitted (allowlist, rate class) by the dispatch they share with MCP; any other agent path
             # (the doorbell stream, an unknown name) spends from the "agent" bucket here, at the door.
             try:

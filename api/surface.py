@@ -17,11 +17,13 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
+from starlette.types import Receive, Scope, Send
 
-from api.deps import CallerDep, ServicesDep, require_admin
+from api.deps import CallerDep, Services, ServicesDep, require_admin
 from api.dispatch import Refusal, dispatch
 from api.errors import error_response
 from api.verbs import ADMIN_VERBS, REGISTRY, Verb
+from store.models import Caller
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"description": "unauthenticated"},
@@ -51,6 +53,31 @@ def _output(result: BaseModel) -> Response:
     # The handler already built the verb's output model: serialize it once instead of letting FastAPI validate it
     # a second time against a response_model (this is the hot path of every claim).
     return Response(result.__pydantic_serializer__.to_json(result), media_type="application/json")
+
+
+async def serve_agent_verb(
+    v: Verb, services: Services, caller: Caller, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """`POST /v1/{verb}` answered as pure ASGI, called by AgentAuthMiddleware once the caller is known.
+
+    The same pipeline and the same answers as the FastAPI route below (which stays routed for any path this does
+    not take), without the router, the dependency solver and the Request object: those cost more CPU than the
+    claim statement itself on the agent hot path (bench/claims.py --profile). The body was read and capped by
+    BodyLimitMiddleware, which replays it as one message.
+    """
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client went away before the body was whole
+            return
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            break
+    try:
+        response = _output(await dispatch(v, services, caller, body, whole="body"))
+    except Refusal as refusal:
+        response = refusal_response(refusal)
+    await response(scope, receive, send)
 
 
 def _agent_endpoint(v: Verb) -> Any:

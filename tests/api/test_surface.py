@@ -88,3 +88,24 @@ async def test_vend_refuses_unknown_verbs_and_source_types(stack: Stack) -> None
     )
     assert bad_source.status_code == 422
     assert stack.sql("SELECT count(*) FROM endpoints")[0][0] == 0
+
+
+async def test_verbs_answered_past_the_router_keep_the_routes_answers(stack: Stack) -> None:
+    # POST /v1/{verb} is answered by AgentAuthMiddleware (api/surface.py serve_agent_verb), not the FastAPI route:
+    # the answer must be the one the route gave, headers included; other methods still reach the router.
+    agent = await stack.agent()
+    auth = {"Authorization": f"Bearer {agent.credential}", "X-Request-Id": "req-fast-path-1"}
+    ok = await stack.http.post("/v1/whoami", json={}, headers=auth)
+    assert ok.status_code == 200 and ok.json()["endpoint_id"] == agent.endpoint_id
+    assert ok.headers["content-type"] == "application/json"
+    assert int(ok.headers["content-length"]) == len(ok.content)
+    assert ok.headers["x-request-id"] == "req-fast-path-1"
+    assert ok.headers["content-security-policy"] == "default-src 'none'"
+    bad = await stack.http.post("/v1/claim", json={"todo_id": ""}, headers=auth)
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_argument"
+    assert bad.headers["content-type"] == "application/json"
+    missing = await stack.http.post("/v1/get_todo", json={"todo_id": "td_missing"}, headers=auth)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    got = await stack.http.get("/v1/whoami", headers=auth)
+    assert got.status_code == 405
+    assert got.headers["x-request-id"] == "req-fast-path-1"
