@@ -86,8 +86,10 @@ def build_worker(
         task_queue=queue,
         workflows=WORKFLOWS,
         activities=[
-            # Also here: local-activity evaluation (SWITCHBOARD_EVALUATE_LOCALLY) and evaluations scheduled on
-            # this queue by workflows started before the evaluate queue existed.
+            # The fast path (a local activity on a free sandbox child, else "not admitted" at once), forced
+            # local evaluation (SWITCHBOARD_EVALUATE=local), and evaluations scheduled on this queue by workflows
+            # started before the evaluate queue existed.
+            route.evaluate_rules_if_free,
             route.evaluate_rules,
             route.load_grant,
             route.commit_delivery,
