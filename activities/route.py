@@ -78,12 +78,14 @@ class RouteActivities:
         sandbox: RuleEvaluator | None = None,
         *,
         commit_delay: float = 0.0,
+        evaluate_delay: float = 0.0,
         local_per_endpoint: int | None = None,
     ) -> None:
         self.webhooks = webhooks
         self.deliveries = deliveries
         self.sandbox = sandbox
         self.commit_delay = commit_delay
+        self.evaluate_delay = evaluate_delay
         # The most fast-path evaluations one endpoint holds at once (None: no cap besides the children).
         self.local_per_endpoint = local_per_endpoint
         self._local_held: Counter[str] = Counter()
@@ -152,6 +154,10 @@ class RouteActivities:
         self._local_held[endpoint] += 1
         try:
             evaluation = await sandbox.evaluate_if_free(request.rules, request.params, request.envelope)
+            if self.evaluate_delay and evaluation is not None:
+                # Fault injection for the kill -9 test only (SWITCHBOARD_FAULT_EVALUATE_DELAY); zero in production.
+                activity.logger.warning("fault injection: holding the local evaluation %.0f s", self.evaluate_delay)
+                await asyncio.sleep(self.evaluate_delay)
         finally:
             self._local_held[endpoint] -= 1
             if not self._local_held[endpoint]:
