@@ -37,11 +37,6 @@ WORKFLOWS: list[type] = [RouteDelivery, ReapTodos, PruneRetention, FireSchedule,
 
 LIVENESS_FILE = "worker.alive"
 
-
-def local_per_endpoint(slots: int) -> int | None:
-    """The most fast-path evaluations one endpoint holds at once in a process with ``slots`` sandbox children."""
-    return None
-
 LIVENESS_PERIOD = 10.0
 
 
@@ -89,7 +84,6 @@ def build_worker(
         sandbox,
         commit_delay=commit_delay,
         evaluate_delay=evaluate_delay,
-        local_per_endpoint=local_per_endpoint(sandbox.slots) if sandbox is not None else None,
     )
     upkeep = UpkeepActivities(stores.todos, stores.events)
     schedules = ScheduleActivities(stores.schedules)
@@ -123,8 +117,9 @@ def build_worker(
             restrictions=SandboxRestrictions.default.with_passthrough_all_modules()
         ),
     )
-    # Admission is Temporal's: this worker polls only while a sandbox child is free, so a flood waits in the
-    # evaluate queue (fair across endpoints) rather than on a local semaphore that faults after a second.
+    # Queued evaluations are admitted by Temporal: this worker has one slot per sandbox child, so a flood waits
+    # in the evaluate queue (fair across endpoints) rather than on a local semaphore that faults after a second.
+    # The fast path (evaluate_rules_if_free on the main worker) takes a child only when nobody waits for one.
     evaluate = Worker(
         client,
         task_queue=evaluate_task_queue(queue),

@@ -24,7 +24,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
-from activities.models import EvaluateHereInput
+from activities.models import EvaluateHereInput, EvaluateHereResult
 from activities.route import RouteActivities
 from routing.delivery import CommitResult
 from routing.models import EvaluateInput
@@ -141,7 +141,7 @@ def test_the_evaluate_setting_and_its_older_name() -> None:
     with pytest.raises(ValidationError, match="contradicts"):
         Settings(evaluate_locally=True, evaluate="queue")
     with pytest.raises(ValidationError):
-        Settings(evaluate="sometimes")
+        Settings(evaluate="sometimes")  # type: ignore[arg-type]
 
 
 class _Held:
@@ -168,16 +168,19 @@ async def test_one_endpoint_holds_at_most_its_cap_of_fast_path_evaluations() -> 
     held = _Held()
     route = RouteActivities(None, None, held, local_per_endpoint=1)  # type: ignore[arg-type]
     rules = EvaluateInput(rules=RULES, envelope=ENVELOPE)
-    first = asyncio.create_task(route.evaluate_rules_if_free(EvaluateHereInput(rules=rules, endpoint_id="ep_a")))
+
+    async def here(endpoint: str) -> EvaluateHereResult:
+        return await route.evaluate_rules_if_free(EvaluateHereInput(rules=rules, endpoint_id=endpoint))
+
+    first = asyncio.create_task(here("ep_a"))
     await eventually(lambda: held.running == 1)
     # Endpoint A is at its cap: its next delivery spills to the fair queue; endpoint B still gets the fast path.
-    spilled = await route.evaluate_rules_if_free(EvaluateHereInput(rules=rules, endpoint_id="ep_a"))
-    assert spilled.admitted is False
-    other = asyncio.create_task(route.evaluate_rules_if_free(EvaluateHereInput(rules=rules, endpoint_id="ep_b")))
+    assert (await here("ep_a")).admitted is False
+    other = asyncio.create_task(here("ep_b"))
     await eventually(lambda: held.running == 2)
     held.release.set()
     assert (await first).admitted and (await other).admitted
-    again = await route.evaluate_rules_if_free(EvaluateHereInput(rules=rules, endpoint_id="ep_a"))
+    again = await here("ep_a")
     assert again.admitted  # the cap counts evaluations running, not evaluations made
 
 
