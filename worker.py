@@ -36,6 +36,7 @@ log = logging.getLogger("switchboard.worker")
 WORKFLOWS: list[type] = [RouteDelivery, ReapTodos, PruneRetention, FireSchedule, RerouteEvents]
 
 LIVENESS_FILE = "worker.alive"
+
 LIVENESS_PERIOD = 10.0
 
 
@@ -72,11 +73,18 @@ def build_worker(
     task_queue: str | None = None,
     sandbox: SandboxPool | None = None,
     commit_delay: float = 0.0,
+    evaluate_delay: float = 0.0,
 ) -> Workers:
     """Wire workflows and activities for one task queue, and the evaluate worker on its evaluate queue."""
     queue = task_queue or settings.task_queue
     stores = build_stores(pool, settings)
-    route = RouteActivities(stores.webhooks, stores.deliveries, sandbox, commit_delay=commit_delay)
+    route = RouteActivities(
+        stores.webhooks,
+        stores.deliveries,
+        sandbox,
+        commit_delay=commit_delay,
+        evaluate_delay=evaluate_delay,
+    )
     upkeep = UpkeepActivities(stores.todos, stores.events)
     schedules = ScheduleActivities(stores.schedules)
     reroute = RerouteActivities(stores.events)
@@ -86,8 +94,10 @@ def build_worker(
         task_queue=queue,
         workflows=WORKFLOWS,
         activities=[
-            # Also here: local-activity evaluation (SWITCHBOARD_EVALUATE_LOCALLY) and evaluations scheduled on
-            # this queue by workflows started before the evaluate queue existed.
+            # The fast path (a local activity on a free sandbox child, else "not admitted" at once), forced
+            # local evaluation (SWITCHBOARD_EVALUATE=local), and evaluations scheduled on this queue by workflows
+            # started before the evaluate queue existed.
+            route.evaluate_rules_if_free,
             route.evaluate_rules,
             route.load_grant,
             route.commit_delivery,
@@ -107,8 +117,9 @@ def build_worker(
             restrictions=SandboxRestrictions.default.with_passthrough_all_modules()
         ),
     )
-    # Admission is Temporal's: this worker polls only while a sandbox child is free, so a flood waits in the
-    # evaluate queue (fair across endpoints) rather than on a local semaphore that faults after a second.
+    # Queued evaluations are admitted by Temporal: this worker has one slot per sandbox child, so a flood waits
+    # in the evaluate queue (fair across endpoints) rather than on a local semaphore that faults after a second.
+    # The fast path (evaluate_rules_if_free on the main worker) takes a child only when nobody waits for one.
     evaluate = Worker(
         client,
         task_queue=evaluate_task_queue(queue),
@@ -119,13 +130,20 @@ def build_worker(
 
 
 @contextlib.asynccontextmanager
-async def running_worker(settings: Settings, *, commit_delay: float = 0.0) -> AsyncIterator[Workers]:
+async def running_worker(
+    settings: Settings, *, commit_delay: float = 0.0, evaluate_delay: float = 0.0
+) -> AsyncIterator[Workers]:
     """The worker role for the lifetime of the block: its resources, the workers, the inbox relay and the liveness
     file. `switchboard worker` runs it, and so does an API process that hosts a worker."""
     async with worker_resources(settings) as resources:
         await ensure_schedules(resources.temporal, settings.task_queue)
         workers = build_worker(
-            resources.temporal, resources.pool, settings, sandbox=resources.sandbox, commit_delay=commit_delay
+            resources.temporal,
+            resources.pool,
+            settings,
+            sandbox=resources.sandbox,
+            commit_delay=commit_delay,
+            evaluate_delay=evaluate_delay,
         )
         async with (
             workers,
@@ -139,10 +157,12 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
     """Run until stop is set (or forever)."""
     # Fault injection for the crash tests only (a pause before each commit); zero in production.
     delay = float(os.environ.get("SWITCHBOARD_FAULT_COMMIT_DELAY", "0") or 0)
+    # And a pause in the fast path after it evaluated, before it answers (the kill -9 test); zero too.
+    evaluate_delay = float(os.environ.get("SWITCHBOARD_FAULT_EVALUATE_DELAY", "0") or 0)
     # The worker's own metrics listener (SWITCHBOARD_WORKER_METRICS_PORT; none by default, so several workers
     # share a host): an API process serves /metrics on its HTTP port instead.
     with listening(settings.http_host, settings.worker_metrics_port):
-        async with running_worker(settings, commit_delay=delay):
+        async with running_worker(settings, commit_delay=delay, evaluate_delay=evaluate_delay):
             log.info(
                 "worker polling task queues %s and %s", settings.task_queue, evaluate_task_queue(settings.task_queue)
             )

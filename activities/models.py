@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from routing.delivery import DeliveryInput
-from routing.models import Grant
+from routing.delivery import DeliveryInput, EvaluatePath
+from routing.models import EvaluateInput, Evaluation, Grant
 
 
 class LoadGrantInput(BaseModel):
@@ -43,9 +43,24 @@ class LoadRerouteInput(BaseModel):
     batch: str
     evaluate_locally: bool = False
     evaluate_queue_seconds: float = 120.0
+    evaluate_path: EvaluatePath = "auto"
 
 
 class LoadRerouteResult(BaseModel):
     """The re-route's RouteDelivery input, or None when retention pruned the event since it was chosen."""
 
     delivery: DeliveryInput | None = None
+
+
+class EvaluateHereInput(BaseModel):
+    """RouteDelivery's fast path: its rules on its envelope, and the endpoint whose capacity it would take."""
+
+    rules: EvaluateInput
+    endpoint_id: str
+
+
+class EvaluateHereResult(BaseModel):
+    """Whether this worker took the evaluation (a free sandbox child, nobody waiting), and then its verdict."""
+
+    admitted: bool
+    evaluation: Evaluation | None = None

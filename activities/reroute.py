@@ -28,5 +28,6 @@ class RerouteActivities:
             data.batch,
             evaluate_locally=data.evaluate_locally,
             evaluate_queue_seconds=data.evaluate_queue_seconds,
+            evaluate_path=data.evaluate_path,
         )
         return LoadRerouteResult(delivery=delivery)

@@ -3,19 +3,48 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from typing import Any, Protocol, runtime_checkable
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.errors import application_errors
-from activities.models import LoadGrantInput, LoadGrantResult
+from activities.models import EvaluateHereInput, EvaluateHereResult, LoadGrantInput, LoadGrantResult
 from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultCommitInput
 from routing.models import EvaluateInput, Evaluation, Fault
 from routing.router import RuleEvaluator, evaluator
 from store.deliveries import DeliveryStore
 from store.errors import NotFound
 from store.webhooks import WebhookStore
-from switchboard.metrics import record_delivery, record_triage_decision
+from switchboard.metrics import record_delivery, record_evaluation, record_triage_decision
+
+# An evaluation from the fair evaluate queue was admitted by Temporal (this worker polls only while it has a
+# slot per sandbox child), so a wait for a child here is at most one fast-path evaluation finishing, which the
+# sandbox's hard deadline bounds; the bound sits under the activity's 10 s start-to-close, far above that.
+QUEUED_SLOT_WAIT = 8.0
+
+
+@runtime_checkable
+class AdmittingEvaluator(Protocol):
+    """A rule evaluator that also answers at once whether it can evaluate now (routing.sandbox.SandboxPool)."""
+
+    async def evaluate(
+        self,
+        rules: list[dict[str, Any]],
+        params: dict[str, Any] | None,
+        envelope: dict[str, Any],
+        *,
+        wait: float | None = None,
+    ) -> Evaluation:
+        """Evaluate, waiting up to ``wait`` for a slot."""
+        ...
+
+    async def evaluate_if_free(
+        self, rules: list[dict[str, Any]], params: dict[str, Any] | None, envelope: dict[str, Any]
+    ) -> Evaluation | None:
+        """Evaluate if a slot is free and nobody waits for one, else None at once."""
+        ...
 
 
 async def started_delivery() -> DeliveryInput:
@@ -49,11 +78,20 @@ class RouteActivities:
         sandbox: RuleEvaluator | None = None,
         *,
         commit_delay: float = 0.0,
+        evaluate_delay: float = 0.0,
+        local_per_endpoint: int | None = None,
     ) -> None:
         self.webhooks = webhooks
         self.deliveries = deliveries
         self.sandbox = sandbox
         self.commit_delay = commit_delay
+        self.evaluate_delay = evaluate_delay
+        # The most fast-path evaluations one endpoint holds at once (None, the worker's choice: no cap besides the
+        # children). Measured with bench/ingest_rules.py --flood, a cap of slots - 1 did not improve another
+        # endpoint's latency under a flood (the flood fills the fair queue, and then nobody takes the fast path)
+        # and sent 10% of a single endpoint's deliveries to the queue at concurrency 8.
+        self.local_per_endpoint = local_per_endpoint
+        self._local_held: Counter[str] = Counter()
 
     @activity.defn(name="load_grant")
     @application_errors
@@ -76,14 +114,19 @@ class RouteActivities:
             return Evaluation()
         if self.sandbox is None:
             return Evaluation(faults=[Fault(rule_index=-1, cause="sandbox_failure", detail="no sandbox")])
-        evaluate = evaluator(self.sandbox)
+        sandbox = self.sandbox
+        local = activity.info().is_local
 
         async def run() -> Evaluation:
             request = data
             if request.envelope is None:
                 # RouteDelivery records the body once, in its input: the envelope is rebuilt from there.
                 request = data.model_copy(update={"envelope": (await started_delivery()).envelope()})
-            return await evaluate(request)
+            record_evaluation("local_forced" if local else "queue")
+            if not local and isinstance(sandbox, AdmittingEvaluator) and request.envelope is not None:
+                # Admitted by Temporal already: wait out a fast-path evaluation holding the child, never fault.
+                return await sandbox.evaluate(request.rules, request.params, request.envelope, wait=QUEUED_SLOT_WAIT)
+            return await evaluator(sandbox)(request)
 
         # Reading the start event is inside the heartbeat loop too: a slow history read is not a dead worker.
         task = asyncio.ensure_future(run())
@@ -91,9 +134,41 @@ class RouteActivities:
             done, _ = await asyncio.wait({task}, timeout=0.5)
             if done:
                 break
-            if not activity.info().is_local:
+            if not local:
                 activity.heartbeat()
         return task.result()
+
+    @activity.defn(name="evaluate_rules_if_free")
+    @application_errors
+    async def evaluate_rules_if_free(self, data: EvaluateHereInput) -> EvaluateHereResult:
+        """RouteDelivery's fast path: evaluate on a free sandbox child of this worker, or answer "not admitted" at
+        once. It never waits, so it takes only capacity nobody is waiting for; the run then uses the fair queue."""
+        request = data.rules
+        if not request.rules:
+            return EvaluateHereResult(admitted=True, evaluation=Evaluation())
+        sandbox = self.sandbox
+        if not isinstance(sandbox, AdmittingEvaluator) or request.envelope is None:
+            return EvaluateHereResult(admitted=False)
+        endpoint = data.endpoint_id
+        cap = self.local_per_endpoint
+        if cap is not None and self._local_held[endpoint] >= cap:
+            # One endpoint's burst leaves a child to the others' fast path and spills to the fair queue.
+            return EvaluateHereResult(admitted=False)
+        self._local_held[endpoint] += 1
+        try:
+            evaluation = await sandbox.evaluate_if_free(request.rules, request.params, request.envelope)
+            if self.evaluate_delay and evaluation is not None:
+                # Fault injection for the kill -9 test only (SWITCHBOARD_FAULT_EVALUATE_DELAY); zero in production.
+                activity.logger.warning("fault injection: holding the local evaluation %.0f s", self.evaluate_delay)
+                await asyncio.sleep(self.evaluate_delay)
+        finally:
+            self._local_held[endpoint] -= 1
+            if not self._local_held[endpoint]:
+                del self._local_held[endpoint]
+        if evaluation is None:
+            return EvaluateHereResult(admitted=False)
+        record_evaluation("local")
+        return EvaluateHereResult(admitted=True, evaluation=evaluation)
 
     @activity.defn(name="commit_delivery")
     @application_errors

@@ -200,6 +200,7 @@ async def _receive(
         received_at=datetime.now(UTC).isoformat(),
         evaluate_locally=settings.evaluate_locally,
         evaluate_queue_seconds=settings.evaluate_queue_seconds,
+        evaluate_path=settings.evaluate_path(),
     )
     return await start_and_wait(
         delivery,

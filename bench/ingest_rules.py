@@ -5,8 +5,12 @@ Both paths are signed GitHub issues deliveries of a realistic ~25 KB payload ove
 child), the other has 32 rules evaluated in the sandbox, first-match-wins, matching on the last. Rounds
 alternate so drift in the shared dev server hits both alike.
 
-    python bench/ingest_rules.py [--deliveries 600] [--rounds 4] [--concurrency 8]
-    python bench/ingest_rules.py --flood [--deliveries 40]
+    python bench/ingest_rules.py [--deliveries 600] [--rounds 4] [--concurrency 8] [--evaluate auto|queue|local]
+    python bench/ingest_rules.py --flood [--deliveries 40] [--evaluate auto|queue|local]
+
+--evaluate picks the evaluate path (SWITCHBOARD_EVALUATE; default auto, the shipped default: a free sandbox
+child of the worker first, the fair evaluate queue otherwise); the run prints how many evaluations took each
+path (switchboard_evaluations_total of the dev process).
 
 --flood measures fairness instead: endpoint B's p50 with one sender (32 realistic rules, match on the last)
 alone, then while endpoint A floods its own webhook with 32 slow rules from 16 senders; it also counts B's
@@ -151,9 +155,27 @@ async def history_reads(stack: Any, n: int, concurrency: int) -> dict[str, Any]:
     }
 
 
+async def evaluation_paths(http: httpx.AsyncClient, base: str) -> dict[str, float]:
+    """switchboard_evaluations_total of the dev process (API and its hosted worker) by path."""
+    text = (await http.get(f"{base}/metrics")).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("switchboard_evaluations_total{"):
+            path = line.split('path="', 1)[1].split('"', 1)[0]
+            out[path] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def paths_line(before: dict[str, float], after: dict[str, float]) -> str:
+    """``local 590, queue 10, local_forced 0`` between two scrapes."""
+    names = sorted(set(before) | set(after) | {"local", "queue"})
+    return ", ".join(f"{name} {after.get(name, 0.0) - before.get(name, 0.0):.0f}" for name in names)
+
+
 async def run_all(base: str, credential: str, args: argparse.Namespace, pids: list[int]) -> dict[str, Any]:
     auth = {"Authorization": f"Bearer {credential}"}
     results: dict[str, list[float]] = {"none": [], "rules": []}
+    paths: dict[str, float] = {}
     elapsed = {"none": 0.0, "rules": 0.0}
     cpu: dict[str, dict[str, float]] = {"none": {}, "rules": {}}
     counter = iter(range(10**9))
@@ -200,20 +222,24 @@ async def run_all(base: str, credential: str, args: argparse.Namespace, pids: li
         )
         trace = tried.json()["trace"]
         assert trace.get("rule_index") == 31 and "faults" not in trace, tried.text
-        paths = {"none": sender(plain), "rules": sender(ruled)}
-        for fn in paths.values():
+        senders = {"none": sender(plain), "rules": sender(ruled)}
+        for fn in senders.values():
             await drive(args.warmup, args.concurrency, fn)
         per_round = max(1, args.deliveries // args.rounds)
         for _ in range(args.rounds):
-            for name, fn in paths.items():
+            for name, fn in senders.items():
+                scraped = await evaluation_paths(http, base) if name == "rules" else {}
                 before = cpu_now(pids)
                 took, lat = await drive(per_round, args.concurrency, fn)
                 after = cpu_now(pids)
+                if name == "rules":
+                    for path, n in (await evaluation_paths(http, base)).items():
+                        paths[path] = paths.get(path, 0.0) + n - scraped.get(path, 0.0)
                 for kind, used in after.items():
                     cpu[name][kind] = cpu[name].get(kind, 0.0) + used - before.get(kind, 0.0)
                 elapsed[name] += took
                 results[name].extend(lat)
-    return {"lat": results, "elapsed": elapsed, "body_size": body_size, "cpu": cpu}
+    return {"lat": results, "elapsed": elapsed, "body_size": body_size, "cpu": cpu, "paths": paths}
 
 
 SLOW = "[range(40000)] | length < 0"  # about 30 ms of libjq work: every flooding delivery spends its budget
@@ -275,7 +301,9 @@ async def flood_figures(base: str, cred_a: str, cred_b: str, args: argparse.Name
             pending["n"] += bool((await post(b_url, b_secret)).get("pending"))
 
         await drive(5, 1, b_one)  # warm the children with B's list
+        alone_paths = await evaluation_paths(http, base)
         _, alone = await drive(args.deliveries, 1, b_one)
+        flood_paths = await evaluation_paths(http, base)
         stop = asyncio.Event()
 
         async def a_sender() -> None:
@@ -288,6 +316,7 @@ async def flood_figures(base: str, cred_a: str, cred_b: str, args: argparse.Name
         _, flooded = await drive(args.deliveries, 1, b_one)
         stop.set()
         await asyncio.gather(*senders)
+        end_paths = await evaluation_paths(http, base)
         b_pending = pending["n"]
         # Pending deliveries are still routing: poll until all of them are events.
         while len(b_traces := await traces(cred_b, b_id)) < 2 * args.deliveries + 5:  # noqa: ASYNC110
@@ -301,24 +330,42 @@ async def flood_figures(base: str, cred_a: str, cred_b: str, args: argparse.Name
             "b_off_rule": sum(t.get("rule_id") != "issues" or bool(t.get("faults")) for t in b_traces),
             "a_total": len(a_traces),
             "busy": sum(f["cause"] == "sandbox_busy" for t in b_traces + a_traces for f in t.get("faults", [])),
+            "alone_paths": paths_line(alone_paths, flood_paths),
+            "flood_paths": paths_line(flood_paths, end_paths),
         }
 
 
 def main_flood(args: argparse.Namespace) -> None:
     """Print B's p50/p99 alone and under A's flood, and how many of B's deliveries missed B's rule."""
     verbs = ["create_webhook", "set_webhook_rules", "list_webhook_events"]
-    with dev_stack() as stack:
+    with dev_stack(evaluate_env(args)) as stack:
         cred_a = str(stack.vend(["work"], verbs)["credential"])
         cred_b = str(stack.vend(["work"], verbs)["credential"])
         res = asyncio.run(flood_figures(stack.base, cred_a, cred_b, args))
-    print(f"\nfairness: endpoint B, one sender, {args.deliveries} deliveries per phase, 32 rules (match on the last)")
+    print(
+        f"\nfairness: endpoint B, one sender, {args.deliveries} deliveries per phase, 32 rules (match on the last), "
+        f"evaluate path {args.evaluate}"
+    )
     print(f"{'phase':<44} {'p50 ms':>8} {'p99 ms':>8}")
     for name, label in (("alone", "B alone"), ("flooded", "B while A floods (16 senders, 32 slow rules)")):
         print(f"{label:<44} {percentile(res[name], 0.5):>8.1f} {percentile(res[name], 0.99):>8.1f}")
     print(f"A's flood: {res['a_total']} deliveries")
+    print(f"evaluations by path, B alone: {res['alone_paths']}; during the flood (A and B): {res['flood_paths']}")
     print(f"B deliveries answered pending (still routing after the 10 s ingest wait): {res['b_pending']}")
     print(f"B deliveries not decided by B's matching rule: {res['b_off_rule']} of {res['b_total']}   (target 0)")
     print(f"sandbox_busy faults on any delivery of A or B: {res['busy']}   (target 0)")
+
+
+PATH_NAMES = {
+    "auto": "a free sandbox child first, the fair evaluate queue otherwise",
+    "queue": "always the heartbeating activity on the fair evaluate queue",
+    "local": "always a local activity",
+}
+
+
+def evaluate_env(args: argparse.Namespace) -> dict[str, str]:
+    """The dev process's SWITCHBOARD_EVALUATE for the chosen path."""
+    return {"SWITCHBOARD_EVALUATE": args.evaluate}
 
 
 def main() -> None:
@@ -328,21 +375,24 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument(
-        "--evaluate-locally",
-        action="store_true",
-        help="run rule evaluation as a local activity (SWITCHBOARD_EVALUATE_LOCALLY) instead of a heartbeating one",
+        "--evaluate",
+        choices=["auto", "queue", "local"],
+        default="auto",
+        help="the evaluate path (SWITCHBOARD_EVALUATE): auto (shipped: local first, fair overflow), queue, local",
     )
+    parser.add_argument("--evaluate-locally", action="store_true", help="the same as --evaluate local")
     parser.add_argument(
         "--history-reads", type=int, default=300, help="then time this many start-event reads (0: none)"
     )
     parser.add_argument("--flood", action="store_true", help="measure endpoint B's latency under endpoint A's flood")
     args = parser.parse_args()
+    if args.evaluate_locally:
+        args.evaluate = "local"
     if args.flood:
         args.deliveries = min(args.deliveries, 40) if args.deliveries == 600 else args.deliveries
         main_flood(args)
         return
-    extra = {"SWITCHBOARD_EVALUATE_LOCALLY": "true"} if args.evaluate_locally else {}
-    with dev_stack(extra) as stack:
+    with dev_stack(evaluate_env(args)) as stack:
         endpoint = stack.vend(["work"], ["create_webhook", "set_webhook_rules", "test_webhook_rules"])
         pids = stack_pids(stack.pid, str(stack.home))
         res = asyncio.run(run_all(stack.base, str(endpoint["credential"]), args, pids))
@@ -357,13 +407,14 @@ def main() -> None:
     print(
         f"\ningest with rules: {len(res['lat']['none'])} deliveries per path in {args.rounds} alternating rounds, "
         f"concurrency {args.concurrency}, {res['body_size'] / 1024:.1f} KB GitHub issues payload, dev server, "
-        f"evaluation as a {'local' if args.evaluate_locally else 'heartbeating regular'} activity\n"
+        f"evaluate path {args.evaluate} ({PATH_NAMES[args.evaluate]})\n"
     )
     print(f"{'path':<44} {'deliveries/s':>12} {'p50 ms':>8} {'p99 ms':>8}")
     for label, rate, p50, p99 in rows:
         print(f"{label:<44} {rate:>12.1f} {p50:>8.1f} {p99:>8.1f}")
     print(f"\nthroughput ratio (32 rules / no rules): {rows[1][1] / rows[0][1]:.2f}   (target >= 0.85)")
     print(f"p50 difference: {rows[1][2] - rows[0][2]:+.1f} ms")
+    print(f"evaluations of the 32-rule rounds by path: {paths_line({}, res['paths'])}")
     kinds = sorted({k for per in res["cpu"].values() for k in per}, key=lambda k: -res["cpu"]["rules"].get(k, 0.0))
     print("\nCPU ms per delivery by process (same rounds):")
     print(f"{'process':<44} {'no rules':>10} {'32 rules':>10} {'added':>10}")

@@ -14,6 +14,8 @@ from routing.models import Decision, EventDisposition
 # committed: the delivery is an event (whatever its disposition); gone: the webhook no longer exists;
 # no_targets: it has no live target, so nothing was stored.
 CommitStatus = Literal["committed", "gone", "no_targets"]
+# Where RouteDelivery evaluates rules (SWITCHBOARD_EVALUATE): local first with fair overflow, the queue, local.
+EvaluatePath = Literal["auto", "queue", "local"]
 
 
 class Received(Protocol):
@@ -147,6 +149,10 @@ class DeliveryInput(BaseModel):
     # Run rule evaluation as a local activity (no extra workflow task; a dead worker is then noticed by the
     # workflow task timeout rather than a heartbeat timeout). Decided by the receiver, recorded in history.
     evaluate_locally: bool = False
+    # The evaluate path (SWITCHBOARD_EVALUATE): "auto" evaluates on the worker's free sandbox child when there is
+    # one and overflows to the fair evaluate queue, "queue" always queues, "local" is evaluate_locally. Inputs
+    # recorded before the field read "auto", and their runs replay on the path their history took.
+    evaluate_path: EvaluatePath = "auto"
     # How long the evaluation may wait in Temporal for a free evaluate worker slot before it faults as
     # sandbox_busy (SWITCHBOARD_EVALUATE_QUEUE_SECONDS); a flood queues within this bound instead of faulting.
     evaluate_queue_seconds: float = 120.0

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from routing.delivery import CommitResult, DeliveryInput, TodoRef, carried_body
+from routing.delivery import CommitResult, DeliveryInput, EvaluatePath, TodoRef, carried_body
 from routing.models import Grant
 from routing.replay import History, Outcome, once_keys, replay_events, simulate_once
 from routing.router import Evaluate
@@ -44,7 +44,12 @@ class StoredDelivery(BaseModel):
 
 
 def reroute_input(
-    stored: StoredDelivery, nonce: str, *, evaluate_locally: bool, evaluate_queue_seconds: float
+    stored: StoredDelivery,
+    nonce: str,
+    *,
+    evaluate_locally: bool,
+    evaluate_queue_seconds: float,
+    evaluate_path: EvaluatePath = "auto",
 ) -> DeliveryInput:
     """RouteDelivery's input for one re-route of a stored original: the delivery as received, a slot of its own."""
     return DeliveryInput(
@@ -66,6 +71,7 @@ def reroute_input(
         received_at=stored.received_at.isoformat(),
         evaluate_locally=evaluate_locally,
         evaluate_queue_seconds=evaluate_queue_seconds,
+        evaluate_path=evaluate_path,
         reroute_of=stored.id,
         idempotency_key=stored.external_id,
     )
@@ -157,6 +163,7 @@ class RerouteEventsInput(BaseModel):
     changed: int = 0
     evaluate_locally: bool = False
     evaluate_queue_seconds: float = 120.0
+    evaluate_path: EvaluatePath = "auto"
     starts_per_second: float = 10.0
     # Deliveries one run re-routes before it continues as new (workflows/reroute.py says why).
     per_run: int = 25

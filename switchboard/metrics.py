@@ -103,6 +103,13 @@ SANDBOX_BUSY = Counter(
     "Evaluations or save-time compiles that found no free sandbox slot in time, by pool.",
     ["pool"],
 )
+EVALUATIONS = Counter(
+    "switchboard_evaluations",
+    "Rule evaluations of deliveries run, by path: local (the fast path, a free sandbox child), queue (the fair"
+    " evaluate queue: overflow, SWITCHBOARD_EVALUATE=queue, or runs recorded before the fast path), local_forced"
+    " (SWITCHBOARD_EVALUATE=local).",
+    ["path"],
+)
 CLAIMS = Counter("switchboard_claims", "Todos claimed (claim and claim_next), by queue.", ["queue"])
 LEASE_EXPIRIES = Counter(
     "switchboard_lease_expiries",
@@ -168,6 +175,11 @@ def record_delivery(source: str, decision: str, faults: Iterable[Mapping[str, An
     DELIVERIES.labels(source=bounded(source), decision=bounded(decision)).inc()
     for fault in faults:
         RULE_FAULTS.labels(cause=bounded(fault.get("cause"))).inc()
+
+
+def record_evaluation(path: str) -> None:
+    """One delivery's rule evaluation run on ``path`` (local, queue, local_forced)."""
+    EVALUATIONS.labels(path=bounded(path)).inc()
 
 
 def sandbox_observer(pool: str) -> Callable[[str], None]:

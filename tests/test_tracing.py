@@ -272,8 +272,10 @@ async def test_one_trace_runs_from_the_ingest_post_through_the_workflow_and_acti
         ("RunWorkflow:RouteDelivery", SERVER, "switchboard-worker"),
         ("StartActivity:load_grant", CLIENT, "switchboard-worker"),
         ("RunActivity:load_grant", SERVER, "switchboard-worker"),
-        ("StartActivity:evaluate_rules", CLIENT, "switchboard-worker"),
-        ("RunActivity:evaluate_rules", SERVER, "switchboard-worker"),
+        # The default evaluate path on an idle worker: the fast path's local activity (a queued evaluation is
+        # the regular evaluate_rules activity, traced the same way).
+        ("StartActivity:evaluate_rules_if_free", CLIENT, "switchboard-worker"),
+        ("RunActivity:evaluate_rules_if_free", SERVER, "switchboard-worker"),
         ("StartActivity:commit_delivery", CLIENT, "switchboard-worker"),
         ("RunActivity:commit_delivery", SERVER, "switchboard-worker"),
     }

@@ -133,6 +133,7 @@ class RerouteEvents:
                 batch=data.batch,
                 evaluate_locally=data.evaluate_locally,
                 evaluate_queue_seconds=data.evaluate_queue_seconds,
+                evaluate_path=data.evaluate_path,
             ),
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=STORE_RETRY,

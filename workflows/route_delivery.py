@@ -12,7 +12,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities.errors import STORE_REJECTED
-    from activities.models import LoadGrantInput
+    from activities.models import EvaluateHereInput, LoadGrantInput
     from activities.route import RouteActivities
     from activities.triage import TriageActivities
     from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultCommitInput
@@ -49,6 +49,13 @@ TRIAGE_QUEUE_WAIT = timedelta(seconds=30)
 # slots equal its sandbox children: a busy process leaves work queued in Temporal instead of faulting it.
 EVALUATE_QUEUE_SUFFIX = "-evaluate"
 EVALUATE_QUEUE_PATCH = "evaluate-task-queue"
+# Local first, fair overflow (SWITCHBOARD_EVALUATE=auto): one local activity evaluates on this worker's free
+# sandbox child, or answers "not admitted" at once, and then the evaluate queue takes it as before. Runs
+# recorded before it have no marker and replay on the queue path they took.
+LOCAL_FIRST_PATCH = "evaluate-local-first"
+# The fast path is one attempt: whatever goes wrong with it (it raised, it timed out) goes to the fair queue,
+# whose activity has its own retries, so nothing is tried in two places at once.
+LOCAL_TRY_RETRY = RetryPolicy(maximum_attempts=1)
 
 
 def evaluate_task_queue(task_queue: str) -> str:
@@ -118,8 +125,9 @@ class RouteDelivery:
         return _explained(result, decision.trace.get("faults"))
 
     async def _evaluate(self, delivery: DeliveryInput, rules: EvaluateInput) -> Evaluation:
-        """The evaluate step: a local activity when the receiver chose so, else a regular one (on its queue)."""
-        if delivery.evaluate_locally:
+        """The evaluate step: on this worker's free sandbox child, else on the fair evaluate queue (the receiver
+        may choose one path only: SWITCHBOARD_EVALUATE)."""
+        if delivery.evaluate_locally or delivery.evaluate_path == "local":
             return await workflow.execute_local_activity_method(
                 RouteActivities.evaluate_rules,
                 rules,
@@ -127,6 +135,11 @@ class RouteDelivery:
                 retry_policy=EVALUATE_RETRY,
                 summary=_rules_summary(rules),
             )
+        if delivery.evaluate_path == "auto" and workflow.patched(LOCAL_FIRST_PATCH):
+            here = await self._evaluate_here(delivery, rules)
+            if here is not None:
+                return here
+            return await self._evaluate_on_queue(delivery, rules, overflow=True)
         if workflow.patched(EVALUATE_QUEUE_PATCH):
             return await self._evaluate_on_queue(delivery, rules)
         return await workflow.execute_activity_method(
@@ -138,7 +151,31 @@ class RouteDelivery:
             summary=_rules_summary(rules),
         )
 
-    async def _evaluate_on_queue(self, delivery: DeliveryInput, rules: EvaluateInput) -> Evaluation:
+    async def _evaluate_here(self, delivery: DeliveryInput, rules: EvaluateInput) -> Evaluation | None:
+        """The fast path: the verdict of this worker's free sandbox child, or None when none is free right now.
+
+        A local activity: no task through matching and no start-event read, and its input (the envelope) is not
+        recorded, only its small result in the marker. The sandbox still enforces every per-rule clock; a worker
+        that dies here is noticed by the workflow task timeout, and the next worker replays and evaluates again.
+        """
+        try:
+            here = await workflow.execute_local_activity_method(
+                RouteActivities.evaluate_rules_if_free,
+                EvaluateHereInput(rules=rules, endpoint_id=delivery.endpoint_id),
+                start_to_close_timeout=timedelta(seconds=10),
+                retry_policy=LOCAL_TRY_RETRY,
+                summary=f"{_rules_summary(rules)} on this worker, if a sandbox child is free",
+            )
+        except (ActivityError, ApplicationError) as exc:
+            if isinstance(exc.cause, CancelledError):
+                raise
+            workflow.logger.warning("local evaluation failed (%s); evaluating on the evaluate queue", exc)
+            return None
+        return here.evaluation if here.admitted and here.evaluation is not None else None
+
+    async def _evaluate_on_queue(
+        self, delivery: DeliveryInput, rules: EvaluateInput, *, overflow: bool = False
+    ) -> Evaluation:
         """Evaluate on the evaluate task queue, fair across endpoints; a worker that never starts it is busy."""
         queue_wait = timedelta(seconds=delivery.evaluate_queue_seconds)
         try:
@@ -157,7 +194,7 @@ class RouteDelivery:
                 # The webhook's owning endpoint is the tenant: matching hands out evaluate tasks round-robin
                 # across endpoints with queued work, so one endpoint's backlog cannot hold another's rules.
                 priority=Priority(fairness_key=delivery.endpoint_id),
-                summary=_rules_summary(rules),
+                summary=_rules_summary(rules) + (" on the fair queue (no sandbox child was free)" if overflow else ""),
             )
         except ActivityError as exc:
             cause = exc.cause

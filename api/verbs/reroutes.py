@@ -212,6 +212,7 @@ async def reroute_webhook_event(ctx: Context, data: RerouteEventInput) -> Rerout
         nonce,
         evaluate_locally=settings.evaluate_locally,
         evaluate_queue_seconds=settings.evaluate_queue_seconds,
+        evaluate_path=settings.evaluate_path(),
     )
     workflow_id = reroute_workflow_id(original.id, nonce)
     attrs, summary, details = reroute_start(delivery)
@@ -297,6 +298,7 @@ async def reroute_webhook_events(ctx: Context, data: RerouteEventsVerbInput) -> 
                 changed=len(changed),
                 evaluate_locally=settings.evaluate_locally,
                 evaluate_queue_seconds=settings.evaluate_queue_seconds,
+                evaluate_path=settings.evaluate_path(),
                 starts_per_second=STARTS_PER_SECOND,
             ),
             id=workflow_id,

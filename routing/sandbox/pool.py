@@ -79,18 +79,51 @@ class SandboxPool:
         return self._max_children
 
     async def evaluate(
-        self, rules: list[dict[str, Any]], params: dict[str, Any] | None, envelope: dict[str, Any]
+        self,
+        rules: list[dict[str, Any]],
+        params: dict[str, Any] | None,
+        envelope: dict[str, Any],
+        *,
+        wait: float | None = None,
     ) -> Evaluation:
-        """First-match-wins evaluation of ``rules``; faults are recorded, never raised."""
+        """First-match-wins evaluation of ``rules``; faults are recorded, never raised.
+
+        ``wait`` bounds the wait for a slot (default: the pool's acquire timeout), past which it is sandbox_busy.
+        """
         if not rules:
             return Evaluation()
         try:
             text = encode_input(params, envelope)
         except (TypeError, ValueError) as exc:
             return sandbox_failure(f"event not JSON-encodable: {type(exc).__name__}")
-        return await self.evaluate_text(rules, text)
+        return await self.evaluate_text(rules, text, wait=wait)
 
-    async def evaluate_text(self, rules: list[dict[str, Any]], text: bytes) -> Evaluation:
+    async def evaluate_if_free(
+        self, rules: list[dict[str, Any]], params: dict[str, Any] | None, envelope: dict[str, Any]
+    ) -> Evaluation | None:
+        """``evaluate`` if a slot is free now and nobody waits for one, else None at once (it never waits).
+
+        The fast path's admission: it takes only capacity nobody asked for, so it never overtakes an evaluation
+        already waiting for a slot (one admitted through the fair evaluate queue).
+        """
+        if not rules:
+            return Evaluation()
+        if self._closed or self._slots.locked():  # locked: no slot free, or someone waits for one
+            return None
+        await self._slots.acquire()  # returns at once (not locked): nothing else runs between the check and this
+        try:
+            try:
+                text = encode_input(params, envelope)
+            except (TypeError, ValueError) as exc:
+                return sandbox_failure(f"event not JSON-encodable: {type(exc).__name__}")
+            exprs, rule_ids = rule_fields(rules)
+            self._remember(exprs)
+            return await self._evaluate_in_slot(exprs, rule_ids, text)
+        finally:
+            self._slots.release()
+            self._replenish()
+
+    async def evaluate_text(self, rules: list[dict[str, Any]], text: bytes, *, wait: float | None = None) -> Evaluation:
         """``evaluate`` over an input already encoded by ``encode_input``: a caller that evaluates one event more
         than once (several rule lists, a backtest) encodes it once, and the child gets the same bytes."""
         if not rules:
@@ -99,18 +132,15 @@ class SandboxPool:
             return sandbox_failure("sandbox pool is closed")
         exprs, rule_ids = rule_fields(rules)
         self._remember(exprs)
+        bound = self._acquire_timeout if wait is None else wait
         try:
-            async with asyncio.timeout(self._acquire_timeout):
+            async with asyncio.timeout(bound):
                 await self._slots.acquire()
         except TimeoutError:
             self._note("busy")
             return Evaluation(
                 faults=[
-                    Fault(
-                        rule_index=-1,
-                        cause="sandbox_busy",
-                        detail=f"no sandbox slot within {self._acquire_timeout * 1000:.0f} ms",
-                    )
+                    Fault(rule_index=-1, cause="sandbox_busy", detail=f"no sandbox slot within {bound * 1000:.0f} ms")
                 ]
             )
         try:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from temporalio.testing import WorkflowEnvironment
 
 from routing.sandbox import SandboxPool
@@ -86,7 +87,9 @@ async def test_a_flooding_endpoint_does_not_change_where_another_endpoints_deliv
     a_agent, a_hook = await tenant(stack, "alice", "a-lane", slow_rules)
     _, b_hook = await tenant(stack, "bob", "b-lane", B_RULES)
 
-    # Phase 1: A floods from 16 concurrent senders while B delivers 8, one after another.
+    # Phase 1: A floods from 16 concurrent senders while B delivers 8, one after another. With the default
+    # evaluate path (local first), what the two children cannot take at once overflows to the fair queue.
+    queued = REGISTRY.get_sample_value("switchboard_evaluations_total", {"path": "queue"}) or 0.0
     a_flood = asyncio.create_task(flood(stack, a_hook, per_sender=1))
     await eventually(lambda: len(outcomes(stack, a_hook["webhook_id"])) >= 2, timeout=90)  # the flood is evaluating
     await send(stack, b_hook, 8, "b1")
@@ -94,6 +97,7 @@ async def test_a_flooding_endpoint_does_not_change_where_another_endpoints_deliv
     await eventually(lambda: len(outcomes(stack, b_hook["webhook_id"])) == 8, timeout=90)
     assert_all_followed_b_rule(stack, b_hook["webhook_id"], 8)
     await eventually(lambda: len(outcomes(stack, a_hook["webhook_id"])) == SENDERS, timeout=90)
+    assert (REGISTRY.get_sample_value("switchboard_evaluations_total", {"path": "queue"}) or 0.0) > queued
     for _, trace, _ in outcomes(stack, a_hook["webhook_id"]):
         # A spends its own budget (its own faults), but it was never refused a sandbox.
         assert "sandbox_busy" not in causes(trace), trace
@@ -138,6 +142,7 @@ async def test_an_evaluation_no_worker_starts_in_time_faults_as_sandbox_busy(
     client = temporal_env.client
     async with running_stack(tmp_path, database_url, client, sandbox, with_worker=False) as stack:
         stack.settings.evaluate_queue_seconds = 1.0
+        stack.settings.evaluate = "queue"  # the fast path would evaluate on the workflow worker's own children
         _, hook = await tenant(stack, "bob", "b-lane", B_RULES)
         pool = await open_pool(database_url, max_size=4)
         try:

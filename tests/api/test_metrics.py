@@ -26,6 +26,7 @@ NAMED = [
     "switchboard_rule_faults",
     "switchboard_sandbox_kills",
     "switchboard_sandbox_busy",
+    "switchboard_evaluations",
     "switchboard_claims",
     "switchboard_lease_expiries",
     "switchboard_dead_letters",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 
@@ -41,8 +42,10 @@ def _recorded(history: WorkflowHistory) -> bytes:
     return b"".join(e.SerializeToString() for e in history.events)
 
 
-async def test_a_1mb_json_body_is_recorded_once_readable_and_stored_exactly(stack: Stack) -> None:
+@pytest.mark.parametrize("path", ["queue", "auto"])
+async def test_a_1mb_json_body_is_recorded_once_readable_and_stored_exactly(stack: Stack, path: str) -> None:
     stack.settings.ingest_wait_seconds = 30.0
+    stack.settings.evaluate = path  # type: ignore[assignment]
     agent = await stack.agent()
     webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
     await agent.ok("set_webhook_rules", {"webhook_id": webhook["webhook_id"], "rules": RULES})
@@ -57,9 +60,17 @@ async def test_a_1mb_json_body_is_recorded_once_readable_and_stored_exactly(stac
     assert recorded_bytes.count(MARK.encode()) == 1
     assert size < 1.2 * len(body)
     scheduled = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
-    [evaluate] = scheduled
-    [rules_payload] = evaluate.activity_task_scheduled_event_attributes.input.payloads
-    assert len(rules_payload.data) < 2_000 and json.loads(rules_payload.data)["envelope"] is None
+    if path == "queue":
+        [evaluate] = scheduled
+        [rules_payload] = evaluate.activity_task_scheduled_event_attributes.input.payloads
+        assert len(rules_payload.data) < 2_000 and json.loads(rules_payload.data)["envelope"] is None
+    else:
+        # The fast path (an idle worker): a local activity, whose input (the envelope) is never recorded; its
+        # marker holds only the small verdict.
+        assert scheduled == []
+        markers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
+        [here] = [m for m in markers if b"evaluate_rules_if_free" in m.SerializeToString()]
+        assert len(here.SerializeToString()) < 2_000
     # Readable: the input is the body's JSON value, not an opaque string.
     recorded = _started_input(history)
     assert recorded["body_json"]["issue"]["title"] == MARK and recorded.get("body_b64") is None

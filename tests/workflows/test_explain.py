@@ -121,4 +121,5 @@ async def test_a_delivery_is_found_by_its_producer_id_and_explains_itself(stack:
         for e in history.events
         if e.HasField("user_metadata") and e.user_metadata.HasField("summary")
     ]
-    assert "1 rule" in summaries
+    # The rules on the default path, evaluated on the idle worker's own free child (the fast path).
+    assert "1 rule on this worker, if a sandbox child is free" in summaries

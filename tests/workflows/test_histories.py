@@ -47,6 +47,8 @@ PATHS = {
     "RouteDelivery: no rules, the target queue (default)": "route_delivery_default.json",
     "RouteDelivery: a rule matches (evaluate task queue)": "route_delivery_rules_activity.json",
     "RouteDelivery: a rule matches (local evaluation)": "route_delivery_rules_local.json",
+    "RouteDelivery: a rule matches (local first: a free sandbox child)": "route_delivery_rules_local_first.json",
+    "RouteDelivery: a rule matches (local first: no free child, the fair queue)": "route_delivery_rules_overflow.json",
     "RouteDelivery: a rule drops": "route_delivery_drop.json",
     "RouteDelivery: a redelivery of a committed delivery": "route_delivery_redelivery.json",
     "RouteDelivery: a once-key already claimed (repeat)": "route_delivery_once_repeat.json",
@@ -114,6 +116,7 @@ async def _kept(stack: Stack, webhook: dict[str, Any], delivery: str, name: str,
 
 
 async def test_record_rule_match_on_the_evaluate_queue(stack: Stack) -> None:
+    stack.settings.evaluate = "queue"
     agent = await stack.agent()
     hook = await _webhook(agent, [ISSUES_RULE])
     await _deliver(stack, hook, "match-1")
@@ -128,6 +131,51 @@ async def test_record_rule_match_evaluated_locally(stack: Stack) -> None:
     await _deliver(stack, hook, "local-1")
     result = await _kept(stack, hook, "local-1", PATHS["RouteDelivery: a rule matches (local evaluation)"], "routed")
     assert result.created == 1 and result.rule_id == "issues"
+
+
+async def test_record_rule_match_local_first_on_a_free_child(stack: Stack) -> None:
+    agent = await stack.agent()  # default settings: SWITCHBOARD_EVALUATE=auto
+    hook = await _webhook(agent, [ISSUES_RULE])
+    await _deliver(stack, hook, "first-1")
+    path = PATHS["RouteDelivery: a rule matches (local first: a free sandbox child)"]
+    result = await _kept(stack, hook, "first-1", path, "routed")
+    assert result.created == 1 and result.rule_id == "issues"
+    history = await handle_for(stack, hook["webhook_id"], "first-1").fetch_history()
+    assert not [e for e in history.events if e.HasField("activity_task_scheduled_event_attributes")]
+
+
+class _NoFreeChild:
+    """The real sandbox, whose fast path never finds a free child (every child busy, or someone waiting)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.slots = inner.slots
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.inner.evaluate(*args, **kwargs)
+
+    async def evaluate_if_free(self, *_: Any) -> Any:
+        return None
+
+
+async def test_record_rule_match_overflowing_to_the_fair_queue(
+    tmp_path: Path, database_url: str, temporal_env: WorkflowEnvironment, sandbox: Any
+) -> None:
+    async with running_stack(tmp_path, database_url, temporal_env.client, _NoFreeChild(sandbox)) as stack:
+        agent = await stack.agent()
+        hook = await _webhook(agent, [ISSUES_RULE])
+        await _deliver(stack, hook, "overflow-1")
+        path = PATHS["RouteDelivery: a rule matches (local first: no free child, the fair queue)"]
+        result = await _kept(stack, hook, "overflow-1", path, "routed")
+        assert result.created == 1 and result.rule_id == "issues"
+        history = await handle_for(stack, hook["webhook_id"], "overflow-1").fetch_history()
+        [scheduled] = [
+            e.activity_task_scheduled_event_attributes
+            for e in history.events
+            if e.HasField("activity_task_scheduled_event_attributes")
+        ]
+        assert scheduled.task_queue.name == f"{stack.settings.task_queue}-evaluate"
+        assert scheduled.priority.fairness_key == agent.endpoint_id
 
 
 async def test_record_default_without_rules(stack: Stack) -> None:
@@ -230,6 +278,7 @@ async def test_record_evaluation_no_worker_starts(
 ) -> None:
     async with running_stack(tmp_path, database_url, temporal_env.client, sandbox, with_worker=False) as stack:
         stack.settings.evaluate_queue_seconds = 1.0
+        stack.settings.evaluate = "queue"  # the fast path would evaluate on the workflow worker's own children
         agent = await stack.agent()
         hook = await _webhook(agent, [ISSUES_RULE])
         pool = await open_pool(database_url, max_size=4)
@@ -260,6 +309,7 @@ async def test_record_evaluation_fails_every_attempt(
     tmp_path: Path, database_url: str, temporal_env: WorkflowEnvironment
 ) -> None:
     async with running_stack(tmp_path, database_url, temporal_env.client, _BrokenSandbox()) as stack:
+        stack.settings.evaluate = "queue"
         agent = await stack.agent()
         hook = await _webhook(agent, [ISSUES_RULE])
         await _deliver(stack, hook, "broken-1")

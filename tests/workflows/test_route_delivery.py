@@ -110,7 +110,7 @@ async def test_search_attributes_and_replay(stack: Stack) -> None:
     await replay_and_keep(handle, "route_delivery_default.json")
 
 
-async def test_rules_evaluate_as_a_heartbeating_activity_or_locally_with_the_same_decision(stack: Stack) -> None:
+async def test_rules_evaluate_on_the_queue_locally_or_local_first_with_the_same_decision(stack: Stack) -> None:
     from temporalio.api.enums.v1 import EventType
 
     from workflows.route_delivery import workflow_id_for
@@ -123,22 +123,25 @@ async def test_rules_evaluate_as_a_heartbeating_activity_or_locally_with_the_sam
     ]
     await agent.ok("set_webhook_rules", {"webhook_id": webhook["webhook_id"], "rules": rules})
     kinds = {}
-    for mode in (False, True):
-        stack.settings.evaluate_locally = mode
+    files = {"queue": "activity", "local": "local", "auto": "local_first"}
+    for mode in ("queue", "local", "auto"):
+        # Forced local under its older name, SWITCHBOARD_EVALUATE_LOCALLY=true; the others by SWITCHBOARD_EVALUATE.
+        stack.settings.evaluate_locally = mode == "local"
+        stack.settings.evaluate = "local" if mode == "local" else mode  # type: ignore[assignment]
         delivery = f"mode-{mode}"
         resp = await post_github(stack.http, webhook, issue_payload(), delivery=delivery)
         assert resp.status_code == 202 and resp.json()["created"] == 1
         handle = stack.temporal.get_workflow_handle(
             workflow_id_for(webhook["webhook_id"], f"{webhook['webhook_id']}:{delivery}")
         )
-        history = await replay_and_keep(handle, f"route_delivery_rules_{'local' if mode else 'activity'}.json")
+        history = await replay_and_keep(handle, f"route_delivery_rules_{files[mode]}.json")
         kinds[mode] = {e.event_type for e in history.events}
         scheduled = [
             e.activity_task_scheduled_event_attributes
             for e in history.events
             if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
         ]
-        if not mode:
+        if mode == "queue":
             # The evaluate queue, with the owning endpoint as fairness key, and queueing bounded apart from running.
             [attrs] = scheduled
             assert attrs.task_queue.name == f"{stack.settings.task_queue}-evaluate"
@@ -147,5 +150,7 @@ async def test_rules_evaluate_as_a_heartbeating_activity_or_locally_with_the_sam
             assert attrs.heartbeat_timeout.ToSeconds() == 3
         [(trace,)] = stack.sql("SELECT routing_trace FROM events WHERE id = %s", resp.json()["event_id"])
         assert trace["stage"] == "rule" and trace["rule_id"] == "issues"
-    assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED in kinds[False]
-    assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in kinds[True]
+    assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED in kinds["queue"]
+    # An idle worker takes the fast path: no activity task through matching, as when forced local.
+    assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in kinds["local"]
+    assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in kinds["auto"]
