@@ -1,7 +1,7 @@
 """The jq sandbox child: evaluates one webhook's rule list per request, first match wins.
 
-Run as ``python -I routing/sandbox_child.py <memory_limit> <hard_deadline> <progress_fd>`` with an empty
-environment.
+Run as ``python -I routing/sandbox_child.py <memory_limit> <hard_deadline> <shared_fd>`` with an empty
+environment (``shared_fd``: the memfd holding the progress slot and the body slot, see protocol.py).
 This module imports nothing but the standard library, ``jq``, the stdlib-only jq policy
 (routing/jq_policy.py) and the stdlib-only wire protocol (routing/sandbox/protocol.py), the last two loaded
 by path, so a freshly executed child stays small enough for an address-space cap to bound libjq (which
@@ -362,9 +362,10 @@ def serve(memory_limit: int, hard_deadline: float, progress_fd: int) -> None:
     import resource
     import signal
 
-    # The mapping outlives its descriptor (and the duplicate mmap keeps, closed by harden(): this object is
-    # never resized or closed, so that descriptor is never used again).
+    # The mappings outlive their descriptor (and the duplicates mmap keeps, closed by harden(): these objects
+    # are never resized or closed, so those descriptors are never used again).
     progress = mmap.mmap(progress_fd, protocol.PROGRESS.size)
+    bodies = mmap.mmap(progress_fd, protocol.BODY_SLOT, access=mmap.ACCESS_READ, offset=protocol.BODY_OFFSET)
     os.close(progress_fd)
     harden()
     engine = RuleEngine()
@@ -388,7 +389,9 @@ def serve(memory_limit: int, hard_deadline: float, progress_fd: int) -> None:
             _check(progress, seq, list(request["check"]), hard_deadline)
             continue
         base, start = int(request["base"]), int(request["start"])
-        text = body.decode()
+        size = request.get("len")
+        # A body in the slot is decoded straight from the shared mapping (no copy through the pipe).
+        text = str(memoryview(bodies)[: int(size)], "utf-8") if size is not None else body.decode()
         # A self-watchdog: SIGALRM's default action ends the child even inside libjq, even if the
         # parent is gone and can no longer kill it.
         signal.setitimer(signal.ITIMER_REAL, hard_deadline)

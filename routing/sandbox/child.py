@@ -23,7 +23,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from routing.sandbox.protocol import COMPILING, PARSING, PROGRESS, READY, ProtocolViolation, parse_reply
+from routing.sandbox.protocol import (
+    BODY_OFFSET,
+    BODY_SLOT,
+    COMPILING,
+    PARSING,
+    PROGRESS,
+    READY,
+    SHARED_SIZE,
+    ProtocolViolation,
+    parse_reply,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +116,7 @@ class Child:
         self._run: Run | None = None
         self._killed = False
         self._progress: mmap.mmap | None = None
+        self._bodies: mmap.mmap | None = None  # the body slot (protocol.py "shared memory"), written by the parent
         self._cpu_clock: int | None = None  # the child's CPU clock id; None: rules are timed on the wall clock
         self._stdin: int | None = None  # the parent's ends of the child's stdin and stdout (non-blocking)
         self._stdout: int | None = None
@@ -127,8 +138,9 @@ class Child:
         stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)  # the child's ends are dup'ed onto 0 and 1 without the flag
         stdout_r, stdout_w = os.pipe2(os.O_CLOEXEC)
         try:
-            os.ftruncate(progress_fd, PROGRESS.size)
+            os.ftruncate(progress_fd, SHARED_SIZE)
             self._progress = mmap.mmap(progress_fd, PROGRESS.size)
+            self._bodies = mmap.mmap(progress_fd, BODY_SLOT, offset=BODY_OFFSET)
             await self.loop.subprocess_exec(
                 lambda: _Protocol(self),
                 *argv,
@@ -193,8 +205,12 @@ class Child:
         rule_timeout: float,
         budget_left: float,
         hard_at: float,
+        body: bytes | None = None,
     ) -> asyncio.Future[Run]:
-        """Send one request; the future resolves (never fails) when the child answers or is killed."""
+        """Send one request; the future resolves (never fails) when the child answers or is killed.
+
+        ``body``: the body of a request framed with ``shared=True``, copied into the body slot before sending.
+        """
         sent_at = self.loop.time()
         sent_cpu = self._cpu_ns() if self._cpu_clock is not None else None
         if sent_cpu is None:
@@ -212,9 +228,12 @@ class Child:
             cpu_mark=(sent_cpu, sent_at),
         )
         self._run = run
-        if self.dead or self.transport is None or self._stdin is None:
+        if self.dead or self.transport is None or self._stdin is None or self._bodies is None:
             self._finish(run, "gone", detail="sandbox child gone before the request")
             return run.future
+        if body is not None:
+            # The child reads the slot only while it answers a request, and this child answers one at a time.
+            self._bodies[: len(body)] = body
         self._send(request)
         self._arm(run, min(self.loop.time() + rule_timeout, hard_at))
         return run.future
@@ -479,5 +498,8 @@ class Child:
         if self._progress is not None:
             self._progress.close()
             self._progress = None
+        if self._bodies is not None:
+            self._bodies.close()
+            self._bodies = None
         if self.ready.done() and not self.ready.cancelled():
             self.ready.exception()  # retrieved, so a failed start-up is not reported as never retrieved

@@ -22,7 +22,14 @@ from routing.models import Evaluation, Fault
 from routing.rules import COMPILE_LIMIT, CompileCheckUnavailable, compile_failure
 from routing.sandbox.child import SPAWN_TIMEOUT, Child
 from routing.sandbox.faults import rule_fault, rule_fields, sandbox_failure
-from routing.sandbox.protocol import check_request, encode_exprs, encode_input, evaluate_request, warm_request
+from routing.sandbox.protocol import (
+    BODY_SLOT,
+    check_request,
+    encode_exprs,
+    encode_input,
+    evaluate_request,
+    warm_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -156,14 +163,18 @@ class SandboxPool:
             end = index + 1 if one_at_a_time else count
             self._seq += 1
             # The whole list (a resumed list reuses the child's compiled program), or the one suspect rule.
+            shared = len(text) <= BODY_SLOT  # the body goes in the child's body slot, not through the pipe
             request = (
-                evaluate_request(self._seq, base=index, start=0, exprs=encode_exprs(exprs[index:end]), body=text)
+                evaluate_request(
+                    self._seq, base=index, start=0, exprs=encode_exprs(exprs[index:end]), body=text, shared=shared
+                )
                 if one_at_a_time
-                else evaluate_request(self._seq, base=0, start=index, exprs=encoded, body=text)
+                else evaluate_request(self._seq, base=0, start=index, exprs=encoded, body=text, shared=shared)
             )
             try:
                 run = await child.run(
                     request,
+                    body=text if shared else None,
                     seq=self._seq,
                     start=index,
                     end=end,
