@@ -35,6 +35,8 @@ def test_a_request_reads_back_as_the_header_exprs_and_body_it_was_framed_from() 
     assert line.count(b"\t") == 2  # the two field separators: tabs inside the JSON are escaped
     assert protocol.read_request(line) == ({"seq": 4, "base": 1, "start": 2}, exprs, body)
     assert json.loads(exprs) == ['.t == "tab\there\n"', 7]
+    shared = protocol.evaluate_request(4, base=1, start=2, exprs=exprs, body=body, shared=True)
+    assert protocol.read_request(shared) == ({"seq": 4, "base": 1, "start": 2, "len": len(body)}, exprs, b"")
     assert protocol.read_request(protocol.check_request(5, [".a"])) == ({"seq": 5, "check": [".a"]}, b"", b"")
     assert protocol.read_request(protocol.warm_request(6, [["true"]])) == ({"seq": 6, "warm": [["true"]]}, b"", b"")
 
