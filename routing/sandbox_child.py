@@ -1,16 +1,17 @@
 """The jq sandbox child: evaluates one webhook's rule list per request, first match wins.
 
-Run as ``python -I routing/sandbox_child.py <memory_limit> <hard_deadline> <progress_fd>`` with an empty
-environment.
+Run as ``python -I routing/sandbox_child.py <memory_limit> <hard_deadline> <shared_fd>`` with an empty
+environment (``shared_fd``: the memfd holding the progress slot and the body slot, see protocol.py).
 This module imports nothing but the standard library, ``jq``, the stdlib-only jq policy
 (routing/jq_policy.py) and the stdlib-only wire protocol (routing/sandbox/protocol.py), the last two loaded
 by path, so a freshly executed child stays small enough for an address-space cap to bound libjq (which
 aborts the process on allocation failure).
 
 The protocol (requests, replies, the progress slot) is described in routing/sandbox/protocol.py. Before
-each rule the child writes its index and start time, in wall-clock and in its own CPU time, into the
-progress slot; the parent reads the child's CPU clock itself, so the per-rule and per-event budgets
-count the CPU the rules used, not time the child spent waiting for a core. While the list compiles
+each rule the child writes its index and start time, in wall-clock and in its own CPU time (read afresh
+every ``protocol.CPU_REFRESH_NS``, an early bound in between), into the progress slot; the parent reads the
+child's CPU clock itself, so the per-rule and per-event budgets count the CPU the rules used, not time the
+child spent waiting for a core. While the list compiles
 (COMPILING) or the event is parsed (PARSING) only the hard deadline applies: the per-rule and per-event
 clocks measure rule evaluation, never the producer-sized parse.
 
@@ -23,6 +24,7 @@ execve and execveat, so a libjq bug reached by a hostile rule still cannot start
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -124,6 +126,7 @@ class RuleEngine:
 
     def __init__(self, plan_cache_size: int = 64, rule_cache_size: int = 1024) -> None:
         self._plans: OrderedDict[tuple[object, ...], _Plan] = OrderedDict()
+        self._encoded: OrderedDict[bytes, tuple[list[object], _Plan]] = OrderedDict()  # by the exprs field
         self._rule_errors: OrderedDict[str, str | None] = OrderedDict()  # expr → compile error or None
         self._plan_cache_size = plan_cache_size
         self._rule_cache_size = rule_cache_size
@@ -156,6 +159,21 @@ class RuleEngine:
         if len(self._plans) > self._plan_cache_size:
             self._plans.popitem(last=False)
         return plan
+
+    def prepare_encoded(self, raw: bytes) -> tuple[list[object], _Plan]:
+        """The rule list in a request's exprs field and its plan, cached by those bytes (no JSON decode on a hit)."""
+        hit = self._encoded.get(raw)
+        if hit is not None:
+            self._encoded.move_to_end(raw)
+            return hit
+        exprs = json.loads(raw)
+        if not isinstance(exprs, list):
+            raise ValueError("exprs is not a list")
+        entry = (exprs, self.prepare(exprs))
+        self._encoded[raw] = entry
+        if len(self._encoded) > self._plan_cache_size:
+            self._encoded.popitem(last=False)
+        return entry
 
     def _rule_error(self, expr: str) -> str | None:
         if expr in self._rule_errors:
@@ -258,6 +276,7 @@ _SYSCALLS: Final = {
     "x86_64": (0xC000003E, (57, 58, 59, 322), 56, 435),  # fork, vfork, execve, execveat
     "aarch64": (0xC00000B7, (221, 281), 220, 435),  # execve, execveat (no fork/vfork syscalls)
 }
+_READ_BUFFER: Final = 1 << 18
 FD_LIMIT: Final = 8  # stdin, stdout, stderr and a few transient ones (a lazy import, /etc/localtime)
 
 
@@ -343,21 +362,23 @@ def serve(memory_limit: int, hard_deadline: float, progress_fd: int) -> None:
     import resource
     import signal
 
-    # The mapping outlives its descriptor (and the duplicate mmap keeps, closed by harden(): this object is
-    # never resized or closed, so that descriptor is never used again).
+    # The mappings outlive their descriptor (and the duplicates mmap keeps, closed by harden(): these objects
+    # are never resized or closed, so those descriptors are never used again).
     progress = mmap.mmap(progress_fd, protocol.PROGRESS.size)
+    bodies = mmap.mmap(progress_fd, protocol.BODY_SLOT, access=mmap.ACCESS_READ, offset=protocol.BODY_OFFSET)
     os.close(progress_fd)
     harden()
     engine = RuleEngine()
     if memory_limit > 0:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
-    stdin = sys.stdin.buffer
+    # One read per request: the default 8 KiB buffer would take several system calls for a typical envelope.
+    stdin = open(0, "rb", buffering=_READ_BUFFER, closefd=False)  # fd 0 lives as long as the child
     _write(protocol.reply(0, "ready"))
     while True:
         line = stdin.readline()
         if not line:
             return
-        request, body = protocol.read_request(line)
+        request, raw_exprs, body = protocol.read_request(line)
         seq = int(request["seq"])
         if "warm" in request:  # compile rule lists ahead of need, e.g. on a freshly started spare
             for warm_exprs in request["warm"]:
@@ -367,13 +388,15 @@ def serve(memory_limit: int, hard_deadline: float, progress_fd: int) -> None:
         if "check" in request:
             _check(progress, seq, list(request["check"]), hard_deadline)
             continue
-        base, start, exprs = int(request["base"]), int(request["start"]), list(request["exprs"])
-        text = body.decode()
+        base, start = int(request["base"]), int(request["start"])
+        size = request.get("len")
+        # A body in the slot is decoded straight from the shared mapping (no copy through the pipe).
+        text = str(memoryview(bodies)[: int(size)], "utf-8") if size is not None else body.decode()
         # A self-watchdog: SIGALRM's default action ends the child even inside libjq, even if the
         # parent is gone and can no longer kill it.
         signal.setitimer(signal.ITIMER_REAL, hard_deadline)
         protocol.PROGRESS.pack_into(progress, 0, seq, protocol.COMPILING, 0, 0, 0, 0)
-        plan = engine.prepare(exprs)
+        exprs, plan = engine.prepare_encoded(raw_exprs)
         clock = _RulesClock(progress, seq, base)
         matched: int | None = None
         for position, outcome, detail in engine.evaluate(
@@ -383,6 +406,7 @@ def serve(memory_limit: int, hard_deadline: float, progress_fd: int) -> None:
                 matched = base + position
                 break
             if outcome != "nomatch":
+                # At once, not with the final line: if a later rule is killed, the parent keeps this fault.
                 _write(protocol.reply(seq, "r", base + position, outcome, detail))
             clock.rule_started(position + 1)
         _write(protocol.reply(seq, "end", matched))
@@ -414,7 +438,12 @@ def _cpu_ns() -> int:
 
 
 class _RulesClock:
-    """Writes the progress slot for one request, keeping parses out of the rules' clocks."""
+    """Writes the progress slot for one request, keeping parses out of the rules' clocks.
+
+    A rule's CPU start is this process's CPU clock read afresh once ``protocol.CPU_REFRESH_NS`` of wall-clock
+    time have passed since the last reading, and that last reading otherwise: never later than the rule's
+    true start, so the parent charges a rule at most that much of the rules before it, never less than its own.
+    """
 
     def __init__(self, progress: Any, seq: int, base: int) -> None:
         self._progress = progress
@@ -425,6 +454,8 @@ class _RulesClock:
         self._began_cpu = _cpu_ns()
         self._paused_at = self._began
         self._paused_cpu = self._began_cpu
+        self._cpu = self._began_cpu  # the last CPU clock reading, taken at wall-clock time _cpu_at
+        self._cpu_at = self._began
 
     def parsing(self, position: int) -> None:
         """libjq starts parsing the event: no rule is running, only the hard deadline applies."""
@@ -438,11 +469,15 @@ class _RulesClock:
         now = time.monotonic_ns()
         self._began += now - self._paused_at
         self._began_cpu += cpu - self._paused_cpu
+        self._cpu, self._cpu_at = cpu, now
         self._write(position, now, cpu)
 
     def rule_started(self, position: int) -> None:
         """Rule ``position`` (of this request) starts now."""
-        self._write(position, time.monotonic_ns(), _cpu_ns())
+        now = time.monotonic_ns()
+        if now - self._cpu_at >= protocol.CPU_REFRESH_NS:
+            self._cpu, self._cpu_at = _cpu_ns(), now
+        self._write(position, now, self._cpu)
 
     def _write(self, position: int, now: int, cpu: int) -> None:
         protocol.PROGRESS.pack_into(

@@ -1,10 +1,12 @@
 """One sandbox child process, seen from the parent: start-up, one request at a time, budgets, kill and reap.
 
 The child is the same interpreter re-executed as ``python -I -B routing/sandbox_child.py`` with an empty
-environment, stderr discarded and a memfd for the progress slot (routing/sandbox/protocol.py). A request's
-run is driven by the subprocess protocol's callbacks and one timer: the timer reads the progress slot and
-the child's CPU clock and kills the child when the running rule overruns its timeout, the request its
-event budget, or either its wall-clock bounds. The result is a :class:`Run`, never an exception; what to
+environment, stderr discarded and a memfd for the progress slot (routing/sandbox/protocol.py). Its stdin
+and stdout are plain non-blocking pipes the parent drives itself (a request is one write, a reply is read
+by a reader callback on the event loop, with no transport or extra loop turn in between); asyncio's
+subprocess transport only starts the child and reports its exit. A request's run is driven by that reader
+and one timer: the timer reads the progress slot and the child's CPU clock and kills the child when the
+running rule overruns its timeout, the request its event budget, or either its wall-clock bounds. The result is a :class:`Run`, never an exception; what to
 do next (resume on a spare, fault the rule, fail closed) is the pool's decision.
 """
 
@@ -21,13 +23,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from routing.sandbox.protocol import COMPILING, PARSING, PROGRESS, READY, ProtocolViolation, parse_reply
+from routing.sandbox.protocol import (
+    BODY_OFFSET,
+    BODY_SLOT,
+    COMPILING,
+    PARSING,
+    PROGRESS,
+    READY,
+    SHARED_SIZE,
+    ProtocolViolation,
+    parse_reply,
+)
 
 log = logging.getLogger(__name__)
 
 SPAWN_TIMEOUT: Final = 10.0
 _REAP_TIMEOUT: Final = 5.0
 _MAX_LINE: Final = 64 * 1024
+_READ_SIZE: Final = 65536
 _RULE_WALL_FACTOR: Final = 20  # a rule's wall-clock bound, in rule timeouts (1 s at the 50 ms default)
 
 Ending = Literal[
@@ -77,7 +90,7 @@ class Run:
 
 
 class _Protocol(asyncio.SubprocessProtocol):
-    """asyncio's callbacks for one child, handed to its Child: stdout data and EOF, and the exit."""
+    """asyncio's callbacks for one child, handed to its Child: the transport (for the pid) and the exit."""
 
     def __init__(self, child: Child) -> None:
         self._child = child
@@ -85,14 +98,6 @@ class _Protocol(asyncio.SubprocessProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.SubprocessTransport)
         self._child.transport = transport
-
-    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
-        if fd == 1 and isinstance(data, bytes):
-            self._child.data_received(data)
-
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        if fd == 1:
-            self._child.eof_received()
 
     def process_exited(self) -> None:
         self._child.process_exited()
@@ -111,7 +116,11 @@ class Child:
         self._run: Run | None = None
         self._killed = False
         self._progress: mmap.mmap | None = None
+        self._bodies: mmap.mmap | None = None  # the body slot (protocol.py "shared memory"), written by the parent
         self._cpu_clock: int | None = None  # the child's CPU clock id; None: rules are timed on the wall clock
+        self._stdin: int | None = None  # the parent's ends of the child's stdin and stdout (non-blocking)
+        self._stdout: int | None = None
+        self._pending = b""  # the rest of a request the pipe could not take at once
 
     @property
     def pid(self) -> int | None:
@@ -126,22 +135,35 @@ class Child:
     async def start(self, argv: Sequence[str]) -> None:
         """Start the child with its progress slot and wait for its ready line; raises when it cannot start."""
         progress_fd = os.memfd_create("sandbox-progress", os.MFD_CLOEXEC)
+        stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)  # the child's ends are dup'ed onto 0 and 1 without the flag
+        stdout_r, stdout_w = os.pipe2(os.O_CLOEXEC)
         try:
-            os.ftruncate(progress_fd, PROGRESS.size)
+            os.ftruncate(progress_fd, SHARED_SIZE)
             self._progress = mmap.mmap(progress_fd, PROGRESS.size)
+            self._bodies = mmap.mmap(progress_fd, BODY_SLOT, offset=BODY_OFFSET)
             await self.loop.subprocess_exec(
                 lambda: _Protocol(self),
                 *argv,
                 str(progress_fd),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
+                stdin=stdin_r,
+                stdout=stdout_w,
                 stderr=asyncio.subprocess.DEVNULL,
                 env={},
                 pass_fds=(progress_fd,),
                 start_new_session=True,  # a terminal's ^C goes to the parent, which reaps its children
             )
+        except BaseException:
+            os.close(stdin_w)
+            os.close(stdout_r)
+            raise
         finally:
             os.close(progress_fd)
+            os.close(stdin_r)
+            os.close(stdout_w)
+        os.set_blocking(stdin_w, False)
+        os.set_blocking(stdout_r, False)
+        self._stdin, self._stdout = stdin_w, stdout_r
+        self.loop.add_reader(stdout_r, self._readable)
         async with asyncio.timeout(SPAWN_TIMEOUT):
             await self.ready
         pid = self.pid
@@ -183,8 +205,12 @@ class Child:
         rule_timeout: float,
         budget_left: float,
         hard_at: float,
+        body: bytes | None = None,
     ) -> asyncio.Future[Run]:
-        """Send one request; the future resolves (never fails) when the child answers or is killed."""
+        """Send one request; the future resolves (never fails) when the child answers or is killed.
+
+        ``body``: the body of a request framed with ``shared=True``, copied into the body slot before sending.
+        """
         sent_at = self.loop.time()
         sent_cpu = self._cpu_ns() if self._cpu_clock is not None else None
         if sent_cpu is None:
@@ -202,14 +228,69 @@ class Child:
             cpu_mark=(sent_cpu, sent_at),
         )
         self._run = run
-        if self.dead or self.transport is None:
+        if self.dead or self.transport is None or self._stdin is None or self._bodies is None:
             self._finish(run, "gone", detail="sandbox child gone before the request")
             return run.future
-        stdin = self.transport.get_pipe_transport(0)
-        assert isinstance(stdin, asyncio.WriteTransport)
-        stdin.write(request)
+        if body is not None:
+            # The child reads the slot only while it answers a request, and this child answers one at a time.
+            self._bodies[: len(body)] = body
+        self._send(request)
         self._arm(run, min(self.loop.time() + rule_timeout, hard_at))
         return run.future
+
+    def _send(self, data: bytes) -> None:
+        """Write a request: at once if the pipe takes it (the usual case), the rest when it has room."""
+        stdin = self._stdin
+        if stdin is None:
+            return
+        try:
+            written = os.write(stdin, data)
+        except BlockingIOError:
+            written = 0
+        except OSError:  # the child is gone: its stdout's EOF (or the timer) ends the run
+            return
+        if written < len(data):
+            self._pending = data[written:]
+            self.loop.add_writer(stdin, self._writable)
+
+    def _writable(self) -> None:
+        try:
+            written = os.write(self._stdin, self._pending) if self._stdin is not None else len(self._pending)
+        except BlockingIOError:
+            return
+        except OSError:
+            written = len(self._pending)
+        self._pending = self._pending[written:]
+        if not self._pending and self._stdin is not None:
+            self.loop.remove_writer(self._stdin)
+
+    def _readable(self) -> None:
+        """The child's stdout is readable: reply bytes, or its EOF (the child died or was killed)."""
+        if self._stdout is None:
+            return
+        try:
+            data = os.read(self._stdout, _READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.data_received(data)
+        else:
+            self._close_pipes()
+            self.eof_received()
+
+    def _close_pipes(self) -> None:
+        if self._stdout is not None:
+            self.loop.remove_reader(self._stdout)
+            os.close(self._stdout)
+            self._stdout = None
+        if self._stdin is not None:
+            if self._pending:
+                self.loop.remove_writer(self._stdin)
+                self._pending = b""
+            os.close(self._stdin)
+            self._stdin = None
 
     def _slot(self, run: Run) -> tuple[int, int, int, int, int] | None:
         """The progress slot's (index, rule ns, rules' clock ns, rule CPU ns, rules' CPU ns) for this run.
@@ -298,11 +379,9 @@ class Child:
         self._cpu_now(run)  # the last reading the dead child's CPU time can be charged from
         self.kill()
         # Read what is already in the pipe now rather than wait for the kernel to tear the child down.
-        pipe = self.transport.get_pipe_transport(1) if self.transport is not None else None
-        stream = pipe.get_extra_info("pipe") if pipe is not None else None
-        if stream is not None:
-            with contextlib.suppress(OSError, ValueError):
-                while chunk := os.read(stream.fileno(), 65536):
+        if self._stdout is not None:
+            with contextlib.suppress(OSError):
+                while chunk := os.read(self._stdout, _READ_SIZE):
                     self.data_received(chunk)
         self._drained(run)
 
@@ -415,8 +494,12 @@ class Child:
                 async with asyncio.timeout(_REAP_TIMEOUT):
                     await self.exited
             self.transport.close()
+        self._close_pipes()
         if self._progress is not None:
             self._progress.close()
             self._progress = None
+        if self._bodies is not None:
+            self._bodies.close()
+            self._bodies = None
         if self.ready.done() and not self.ready.cancelled():
             self.ready.exception()  # retrieved, so a failed start-up is not reported as never retrieved

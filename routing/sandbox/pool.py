@@ -22,7 +22,14 @@ from routing.models import Evaluation, Fault
 from routing.rules import COMPILE_LIMIT, CompileCheckUnavailable, compile_failure
 from routing.sandbox.child import SPAWN_TIMEOUT, Child
 from routing.sandbox.faults import rule_fault, rule_fields, sandbox_failure
-from routing.sandbox.protocol import check_request, encode_input, evaluate_request, warm_request
+from routing.sandbox.protocol import (
+    BODY_SLOT,
+    check_request,
+    encode_exprs,
+    encode_input,
+    evaluate_request,
+    warm_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +78,8 @@ class SandboxPool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._seq = 0
         self._closed = False
-        self._recent: OrderedDict[tuple[object, ...], None] = OrderedDict()  # rule lists to pre-compile
+        # Rule lists to pre-compile, each with its encoded exprs field (encoded once per list, not per request).
+        self._recent: OrderedDict[tuple[object, ...], bytes] = OrderedDict()
 
     @property
     def slots(self) -> int:
@@ -117,8 +125,8 @@ class SandboxPool:
             except (TypeError, ValueError) as exc:
                 return sandbox_failure(f"event not JSON-encodable: {type(exc).__name__}")
             exprs, rule_ids = rule_fields(rules)
-            self._remember(exprs)
-            return await self._evaluate_in_slot(exprs, rule_ids, text)
+            encoded = self._remember(exprs)
+            return await self._evaluate_in_slot(exprs, encoded, rule_ids, text)
         finally:
             self._slots.release()
             self._replenish()
@@ -131,25 +139,36 @@ class SandboxPool:
         if self._closed:
             return sandbox_failure("sandbox pool is closed")
         exprs, rule_ids = rule_fields(rules)
-        self._remember(exprs)
+        encoded = self._remember(exprs)
         bound = self._acquire_timeout if wait is None else wait
-        try:
-            async with asyncio.timeout(bound):
-                await self._slots.acquire()
-        except TimeoutError:
-            self._note("busy")
+        if not await self._acquire_slot(bound):
             return Evaluation(
                 faults=[
                     Fault(rule_index=-1, cause="sandbox_busy", detail=f"no sandbox slot within {bound * 1000:.0f} ms")
                 ]
             )
         try:
-            return await self._evaluate_in_slot(exprs, rule_ids, text)
+            return await self._evaluate_in_slot(exprs, encoded, rule_ids, text)
         finally:
             self._slots.release()
             self._replenish()
 
-    async def _evaluate_in_slot(self, exprs: list[object], rule_ids: list[str | None], text: bytes) -> Evaluation:
+    async def _acquire_slot(self, bound: float) -> bool:
+        """Take a slot, waiting up to ``bound`` seconds; False (and noted as busy) if none came in time."""
+        if not self._slots.locked():  # free: taken at once, without arming a timeout
+            await self._slots.acquire()
+            return True
+        try:
+            async with asyncio.timeout(bound):
+                await self._slots.acquire()
+        except TimeoutError:
+            self._note("busy")
+            return False
+        return True
+
+    async def _evaluate_in_slot(
+        self, exprs: list[object], encoded: bytes, rule_ids: list[str | None], text: bytes
+    ) -> Evaluation:
         loop = asyncio.get_running_loop()
         hard_at = loop.time() + self._hard_deadline
         budget_left = self._event_budget  # spent only while rules run, not while a child compiles or spawns
@@ -174,14 +193,18 @@ class SandboxPool:
             end = index + 1 if one_at_a_time else count
             self._seq += 1
             # The whole list (a resumed list reuses the child's compiled program), or the one suspect rule.
+            shared = len(text) <= BODY_SLOT  # the body goes in the child's body slot, not through the pipe
             request = (
-                evaluate_request(self._seq, base=index, start=0, exprs=exprs[index:end], body=text)
+                evaluate_request(
+                    self._seq, base=index, start=0, exprs=encode_exprs(exprs[index:end]), body=text, shared=shared
+                )
                 if one_at_a_time
-                else evaluate_request(self._seq, base=0, start=index, exprs=exprs, body=text)
+                else evaluate_request(self._seq, base=0, start=index, exprs=encoded, body=text, shared=shared)
             )
             try:
                 run = await child.run(
                     request,
+                    body=text if shared else None,
                     seq=self._seq,
                     start=index,
                     end=end,
@@ -244,12 +267,8 @@ class SandboxPool:
             return verdicts
         if self._closed:
             raise CompileCheckUnavailable("the rule sandbox is closed")
-        try:
-            async with asyncio.timeout(self._acquire_timeout):
-                await self._slots.acquire()
-        except TimeoutError:
-            self._note("busy")
-            raise CompileCheckUnavailable(f"no sandbox slot within {self._acquire_timeout * 1000:.0f} ms") from None
+        if not await self._acquire_slot(self._acquire_timeout):
+            raise CompileCheckUnavailable(f"no sandbox slot within {self._acquire_timeout * 1000:.0f} ms")
         try:
             await self._check_in_slot(list(exprs), verdicts)
         finally:
@@ -314,13 +333,19 @@ class SandboxPool:
             except Exception:  # a metrics hook never changes an evaluation's outcome
                 log.exception("sandbox observer failed")
 
-    def _remember(self, exprs: list[object]) -> None:
-        if all(isinstance(expr, str) for expr in exprs):
-            key = tuple(exprs)
-            self._recent[key] = None
-            self._recent.move_to_end(key)
+    def _remember(self, exprs: list[object]) -> bytes:
+        """Remember a list of string expressions for warming new children; the list's encoded exprs field."""
+        if not all(isinstance(expr, str) for expr in exprs):
+            return encode_exprs(exprs)
+        key = tuple(exprs)
+        encoded = self._recent.get(key)
+        if encoded is None:
+            encoded = self._recent[key] = encode_exprs(exprs)
             if len(self._recent) > _WARM_LISTS:
                 self._recent.popitem(last=False)
+        else:
+            self._recent.move_to_end(key)
+        return encoded
 
     async def _warm(self, child: Child) -> bool:
         """Compile the recently used rule lists on a new child, so a spare resumes a list without compiling."""

@@ -18,7 +18,7 @@ import pytest
 from routing import sandbox_child
 from routing.models import Evaluation
 from routing.sandbox import ProtocolViolation, Reply, SandboxPool, encode_input, parse_reply
-from routing.sandbox.protocol import PARSING, PROGRESS
+from routing.sandbox.protocol import BODY_SLOT, CPU_REFRESH_NS, PARSING, PROGRESS
 from routing.sandbox_child import FD_LIMIT, PARSED, RuleEngine, _Plan, _RulesClock, refusal
 from tests.routing.in_process import evaluate_in_process
 
@@ -399,6 +399,34 @@ def test_the_rules_clock_moves_on_by_every_parse() -> None:
     clock.rule_started(1)
     fields = PROGRESS.unpack_from(slot)
     assert fields[1] == 4 and fields[3] == began_ns and fields[5] == began_cpu
+
+
+def test_a_rule_s_cpu_start_is_never_later_than_its_true_start() -> None:
+    slot = bytearray(PROGRESS.size)
+    clock = _RulesClock(slot, 7, 0)
+    clock.parsing(0)
+    clock.parsed(0)
+    read_at_parse = PROGRESS.unpack_from(slot)[4]
+    clock.rule_started(1)  # at once: within CPU_REFRESH_NS, the last reading stands in (an early bound)
+    assert PROGRESS.unpack_from(slot)[1:5:3] == (1, read_at_parse)
+    paused = time.monotonic_ns()
+    while time.monotonic_ns() - paused < 3 * CPU_REFRESH_NS:  # a rule busy past the refresh interval
+        pass
+    before = time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)
+    clock.rule_started(2)  # read afresh: the busy rule's CPU is not charged to rule 2
+    index, rule_cpu = PROGRESS.unpack_from(slot)[1:5:3]
+    assert index == 2 and before <= rule_cpu <= time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)
+
+
+async def test_bodies_in_the_shared_slot_and_beyond_it_evaluate_alike(pool: SandboxPool) -> None:
+    for filler in (BODY_SLOT // 2, BODY_SLOT + 1024):  # in the child's body slot, and sent in the line
+        envelope = {**ENVELOPE, "pad": "x" * filler}
+        assert (len(encode_input(None, envelope)) <= BODY_SLOT) == (filler < BODY_SLOT)
+        rule_list = rules(".pad | length < 10", f".pad | length == {filler}", "true")
+        assert await pool.evaluate(rule_list, None, envelope) == Evaluation(matched_index=1)
+        assert evaluate_in_process(rule_list, None, envelope) == Evaluation(matched_index=1)
+    # A smaller body after a larger one: the slot's stale tail is never read.
+    assert await pool.evaluate(rules('.kind == "issues.opened"'), None, ENVELOPE) == Evaluation(matched_index=0)
 
 
 def _proc_fields(pid: int) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -26,13 +27,18 @@ def test_the_protocol_module_imports_only_the_standard_library() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_a_request_reads_back_as_the_header_and_body_it_was_framed_from() -> None:
+def test_a_request_reads_back_as_the_header_exprs_and_body_it_was_framed_from() -> None:
     body = protocol.encode_input({"k": 1}, {"t": "tab\there", "n": 2})
-    line = protocol.evaluate_request(4, base=1, start=2, exprs=["true", 7], body=body)
+    exprs = protocol.encode_exprs(['.t == "tab\there\n"', 7])
+    line = protocol.evaluate_request(4, base=1, start=2, exprs=exprs, body=body)
     assert line.endswith(b"\n") and line.count(b"\n") == 1  # one line, whatever the payload holds
-    assert protocol.read_request(line) == ({"seq": 4, "base": 1, "start": 2, "exprs": ["true", 7]}, body)
-    assert protocol.read_request(protocol.check_request(5, [".a"])) == ({"seq": 5, "check": [".a"]}, b"")
-    assert protocol.read_request(protocol.warm_request(6, [["true"]])) == ({"seq": 6, "warm": [["true"]]}, b"")
+    assert line.count(b"\t") == 2  # the two field separators: tabs inside the JSON are escaped
+    assert protocol.read_request(line) == ({"seq": 4, "base": 1, "start": 2}, exprs, body)
+    assert json.loads(exprs) == ['.t == "tab\there\n"', 7]
+    shared = protocol.evaluate_request(4, base=1, start=2, exprs=exprs, body=body, shared=True)
+    assert protocol.read_request(shared) == ({"seq": 4, "base": 1, "start": 2, "len": len(body)}, exprs, b"")
+    assert protocol.read_request(protocol.check_request(5, [".a"])) == ({"seq": 5, "check": [".a"]}, b"", b"")
+    assert protocol.read_request(protocol.warm_request(6, [["true"]])) == ({"seq": 6, "warm": [["true"]]}, b"", b"")
 
 
 def test_every_reply_the_child_writes_parses_as_the_parent_reads_it() -> None:
