@@ -12,7 +12,6 @@ from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.reroute import RerouteActivities
 from activities.route import RouteActivities
@@ -23,6 +22,7 @@ from routing.sandbox import SandboxPool
 from runtime.relay import running_relay
 from runtime.root import Stores, build_stores, llm_ceilings, worker_resources
 from runtime.schedules import ensure_schedules
+from runtime.workflow_runner import workflow_runner
 from store.db import Pool
 from switchboard.metrics import listening
 from switchboard.settings import Settings
@@ -101,11 +101,8 @@ def build_worker(
         ],
         max_concurrent_activities=50,
         max_concurrent_local_activities=50,
-        # Workflows stay sandboxed (determinism guard) but every import passes through: only the workflow
-        # module itself is re-executed per run, which halves the sandbox's cost per delivery.
-        workflow_runner=SandboxedWorkflowRunner(
-            restrictions=SandboxRestrictions.default.with_passthrough_all_modules()
-        ),
+        # Workflows stay sandboxed (determinism guard); runtime/workflow_runner.py says what it changes.
+        workflow_runner=workflow_runner(),
     )
     # Admission is Temporal's: this worker polls only while a sandbox child is free, so a flood waits in the
     # evaluate queue (fair across endpoints) rather than on a local semaphore that faults after a second.
