@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import time
@@ -37,6 +38,8 @@ WORKFLOWS: list[type] = [RouteDelivery, ReapTodos, PruneRetention, FireSchedule,
 
 LIVENESS_FILE = "worker.alive"
 LIVENESS_PERIOD = 10.0
+# A full garbage collection this often (see _collecting): well under a millisecond of CPU a second.
+GC_PERIOD = 30.0
 
 
 class Workers:
@@ -128,6 +131,7 @@ async def running_worker(settings: Settings, *, commit_delay: float = 0.0) -> As
             workers,
             running_relay(resources.temporal, workers.stores.inbox, settings),
             _beating(settings.home / LIVENESS_FILE),
+            _collecting(GC_PERIOD),
         ):
             yield workers
 
@@ -144,6 +148,25 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
                 "worker polling task queues %s and %s", settings.task_queue, evaluate_task_queue(settings.task_queue)
             )
             await (stop or asyncio.Event()).wait()
+
+
+@contextlib.asynccontextmanager
+async def _collecting(period: float) -> AsyncIterator[None]:
+    # Each finished workflow run leaves reference cycles (its instance, decoded input, activity results). With a
+    # heap this size the collector's own full passes are rare, so that garbage piled up for thousands of
+    # deliveries (RSS +4.4 MiB over the second half of 10,000 in bench/ingest.py --rss; flat with this).
+    async def collect() -> None:
+        while True:
+            await asyncio.sleep(period)
+            began = time.perf_counter()
+            found = gc.collect()
+            log.debug("gc: %d unreachable objects in %.1f ms", found, (time.perf_counter() - began) * 1000)
+
+    task = asyncio.create_task(collect(), name="worker-gc")
+    try:
+        yield
+    finally:
+        task.cancel()
 
 
 @contextlib.asynccontextmanager
