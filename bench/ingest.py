@@ -2,15 +2,19 @@
 
 The stack: signed GitHub deliveries over HTTP → API (token lookup, HMAC) → RouteDelivery (load grant,
 commit: two local activities) → 202 with the todo. The floor: a workflow with the same two no-op local
-activities, started and awaited from a client, with its worker in its own process, on the same dev server.
+activities (bench/_floor_worker.py), started eagerly and awaited from a client whose worker runs in the same
+process (this one), on the same dev server. So both paths cost Temporal the same three RPCs per delivery (start
+with eager workflow task, one workflow task completion, one result poll) and one workflow task; what the floor
+leaves out is HTTP, verification, PostgreSQL (webhook lookup, grant, commit) and the bigger payloads.
 
     python bench/ingest.py [--deliveries 400] [--concurrency 8]
     python bench/ingest.py --rss 10000
 
-It also prints where the CPU went during the switchboard rounds (the `switchboard dev` process, which hosts the
-API and the worker, the Temporal dev server, PostgreSQL, this client). --rss drives that many deliveries
+It also prints CPU milliseconds per delivery by process for both paths (the floor's client and worker are this
+process; switchboard's are the `switchboard dev` process, which hosts the API and the worker; the Temporal dev
+server; PostgreSQL), which is steadier than throughput on a shared machine. --rss drives that many deliveries
 through switchboard alone and prints the resident memory of the process and its children at the start (after
-the warm-up), every fifth of the way and at the end.
+the warm-up) and every tenth of the way, then start, end, peak and the growth over the second half.
 """
 
 from __future__ import annotations
@@ -141,29 +145,35 @@ async def run_all(
         await drive(args.warmup, args.concurrency, floor_one)
         await drive(args.warmup, args.concurrency, ours_one)
         per_round = max(1, args.deliveries // args.rounds)
-        cpu: dict[str, float] = {}
+        cpu: dict[str, dict[str, float]] = {"floor": {}, "switchboard": {}}
         for _ in range(args.rounds):
             for name, fn in (("floor", floor_one), ("switchboard", ours_one)):
                 pids = [*stack_pids(dev_pid, home), os.getpid()] if dev_pid else []
                 before = cpu_by_process(pids)
                 took, lat = await drive(per_round, args.concurrency, fn)
-                if name == "switchboard":
-                    for proc, seconds in cpu_by_process(pids).items():
-                        cpu[proc] = cpu.get(proc, 0.0) + seconds - before.get(proc, 0.0)
+                for proc, seconds in cpu_by_process(pids).items():
+                    cpu[name][proc] = cpu[name].get(proc, 0.0) + seconds - before.get(proc, 0.0)
                 elapsed[name] += took
                 results[name].extend(lat)
     results["_elapsed"] = [elapsed["floor"], elapsed["switchboard"]]
     results["_cpu"] = [elapsed["switchboard"]]
-    for proc, seconds in sorted(cpu.items(), key=lambda kv: -kv[1]):
-        results[f"_cpu:{proc}"] = [seconds]
+    for proc, seconds in sorted(cpu["switchboard"].items(), key=lambda kv: -kv[1]):
+        results[f"_cpu:{proc}"] = [seconds, cpu["floor"].get(proc, 0.0)]
     return results
 
 
 async def rss_run(args: argparse.Namespace, dev_pid: int, one: Any) -> None:
     """Drive args.rss deliveries and print the resident memory of the stack's processes as it goes."""
 
+    series: dict[str, list[float]] = {}
+
     def snapshot(label: str) -> None:
-        parts = [f"{process_name(p)[:40]} {rss_mib(p):.1f}" for p in tree(dev_pid) if "temporal" not in process_name(p)]
+        parts = []
+        for i, p in enumerate(p for p in tree(dev_pid) if "temporal" not in process_name(p)):
+            # The dev process first, then its children in tree order (sandbox children are numbered).
+            key = "switchboard dev (API + worker)" if i == 0 else f"{process_name(p)[:30]} #{i}"
+            series.setdefault(key, []).append(rss_mib(p))
+            parts.append(f"{process_name(p)[:40]} {rss_mib(p):.1f}")
         print(f"  {label:>14}: " + " | ".join(parts) + " (MiB)", flush=True)
 
     print(
@@ -179,6 +189,17 @@ async def rss_run(args: argparse.Namespace, dev_pid: int, one: Any) -> None:
         done += n
         snapshot(f"after {done}")
         print(f"  {'':>14}  ({n / took:.1f} deliveries/s, p50 {percentile(lat, 0.5):.1f} ms)", flush=True)
+    # Flat means: whatever fills up early (caches, pools, the allocator's arenas) has stopped growing by the
+    # half-way point, so the second half adds ~0.
+    half = len(series.get("switchboard dev (API + worker)", [])) // 2
+    print(f"\nRSS summary over {args.rss} deliveries (MiB; second half = end - after {done // 2}):")
+    print(f"  {'process':<36} {'start':>8} {'end':>8} {'peak':>8} {'2nd half':>9}")
+    for key, values in series.items():
+        if len(values) < 3:
+            continue  # a child that came or went during the run
+        print(
+            f"  {key:<36} {values[0]:>8.1f} {values[-1]:>8.1f} {max(values):>8.1f} {values[-1] - values[half]:>+9.1f}"
+        )
 
 
 def main() -> None:
@@ -209,8 +230,17 @@ def main() -> None:
     print(f"p50 difference: {ours[2] - floor[2]:+.1f} ms   (target <= +10 ms)")
     wall = res["_cpu"][0]
     print(f"\nCPU during the switchboard rounds ({wall:.1f} s wall; 1.00 = one core busy all along):")
-    for key, (seconds,) in ((k, v) for k, v in res.items() if k.startswith("_cpu:")):
+    for key, (seconds, _) in ((k, v) for k, v in res.items() if k.startswith("_cpu:")):
         print(f"  {key[5:][:60]:<60} {seconds / wall:5.2f}")
+    n_floor, n_ours = len(res["floor"]), len(res["switchboard"])
+    me = process_name(os.getpid())
+    print("\nCPU ms per delivery by process (same rounds; the floor's client and worker are this process,")
+    print("switchboard's API and worker are `switchboard dev`, this process is then only its HTTP client):")
+    print(f"  {'process':<52} {'floor':>8} {'switchboard':>12}")
+    for key, (ours_s, floor_s) in ((k, v) for k, v in res.items() if k.startswith("_cpu:")):
+        name = key[5:]
+        label = f"{name[:40]} (bench)" if name == me else name[:52]
+        print(f"  {label:<52} {1000 * floor_s / n_floor:>8.2f} {1000 * ours_s / n_ours:>12.2f}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ in `switchboard dev` two endpoints for one process. The buffer keeps one endpoin
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import re
@@ -249,6 +250,8 @@ class TemporalMetrics:
         self._bounds = tuple(buckets)
         self._families: dict[str, _Family] = {}
         self._lock = threading.Lock()
+        # Label tuples by attribute set: the SDK reports a few dozen sets, each for every update (bounded anyway).
+        self._label_cache: dict[tuple[tuple[str, type, Any], ...], Labels] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -280,20 +283,23 @@ class TemporalMetrics:
                 name=_prometheus_name(metric.name, metric.kind, metric.unit),
                 documentation=metric.description or metric.name,
             )
-        labels = _labels(update.attributes)
+        key = tuple((k, type(v), v) for k, v in update.attributes.items())
+        labels = self._label_cache.get(key)
+        if labels is None:
+            if len(self._label_cache) >= _LABEL_CACHE_MAX:
+                self._label_cache.clear()
+            labels = self._label_cache[key] = _labels(update.attributes)
         value = float(update.value)
         if family.kind == BUFFERED_METRIC_KIND_COUNTER:
             family.values[labels] = family.values.get(labels, 0.0) + value
         elif family.kind == BUFFERED_METRIC_KIND_GAUGE:
             family.values[labels] = value
         else:
+            # Per bucket (the first bound >= value; the last slot is past every bound): cumulated when rendered.
             counts = family.buckets.get(labels)
             if counts is None:
                 counts = family.buckets[labels] = [0.0] * (len(self._bounds) + 1)
-            for i, bound in enumerate(self._bounds):
-                if value <= bound:
-                    counts[i] += 1
-            counts[-1] += 1  # +Inf
+            counts[bisect.bisect_left(self._bounds, value)] += 1
             family.sums[labels] = family.sums.get(labels, 0.0) + value
 
     def describe(self) -> list[Metric]:
@@ -321,9 +327,11 @@ class TemporalMetrics:
         out = Metric(family.name, family.documentation, "histogram")
         for labels, counts in family.buckets.items():
             base = dict(labels)
+            total = 0.0
             for bound, count in zip((*self._bounds, float("inf")), counts, strict=True):
-                out.add_sample(family.name + "_bucket", {**base, "le": _le(bound)}, count)
-            out.add_sample(family.name + "_count", base, counts[-1])
+                total += count
+                out.add_sample(family.name + "_bucket", {**base, "le": _le(bound)}, total)
+            out.add_sample(family.name + "_count", base, total)
             out.add_sample(family.name + "_sum", base, family.sums[labels])
         return out
 
@@ -337,12 +345,16 @@ def _prometheus_name(name: str, kind: int, unit: str | None) -> str:
     return name
 
 
+_LABEL_CACHE_MAX = 10_000
+_NOT_LABEL = re.compile(r"[^a-zA-Z0-9_]")
+
+
 def _labels(attributes: Mapping[str, Any]) -> Labels:
     # Booleans as Prometheus spells them; every value as text.
     items = []
     for key, value in attributes.items():
         text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-        items.append((re.sub(r"[^a-zA-Z0-9_]", "_", key), text))
+        items.append((_NOT_LABEL.sub("_", key), text))
     return tuple(sorted(items))
 
 

@@ -58,3 +58,27 @@ async def test_a_commit_retried_after_it_committed_reports_the_original_outcome(
     [(run_id, workflow_id)] = stack.sql("SELECT workflow_run_id, workflow_id FROM events")
     assert run_id == "run-1" and workflow_id == "delivery-x"
     assert stack.sql("SELECT count(*) FROM todos")[0][0] == 1
+
+
+async def test_a_commit_whose_target_has_a_live_todo_names_that_todo_and_mints_nothing(stack: Stack) -> None:
+    # The mint travels with the event's insert (one round trip): when it conflicts on the endpoint's live todo for
+    # the same idempotency key (a re-route of a delivery whose todo is still open), the same transaction reports
+    # the live todo and the event row names it instead of the id it had planned.
+    agent = await stack.agent()
+    webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
+    pool = stack.app.state.services.pool
+    grant = await WebhookStore(pool, SecretBox(stack.settings.secret_key or "")).load_grant(webhook["webhook_id"])
+    decision = decide(grant, Evaluation(), None)
+    store = DeliveryStore(pool)
+    original = _delivery(webhook, agent.endpoint_id, "original")
+    first = await store.commit(CommitInput(delivery=original, decision=decision, run_id="run-1"))
+    again = original.model_copy(
+        update={"external_id": original.external_id + ":reroute:1", "idempotency_key": original.external_id}
+    )
+    second = await store.commit(CommitInput(delivery=again, decision=decision, run_id="run-2"))
+    assert not second.duplicate and second.event_id != first.event_id
+    assert second.created == 0 and [t.id for t in second.todos] == [first.todos[0].id]
+    assert not second.todos[0].created
+    [(todo_ids,)] = stack.sql("SELECT todo_ids FROM events WHERE id = %s", second.event_id)
+    assert list(todo_ids) == [first.todos[0].id]
+    assert stack.sql("SELECT count(*) FROM todos")[0][0] == 1
