@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -176,6 +177,20 @@ class Stack:
         with psycopg.connect(self.database_url, autocommit=True) as conn:
             cur = conn.execute(query.encode(), params)  # type: ignore[arg-type]
             return cur.fetchall() if cur.description else []
+
+
+def worker_process_env(stack: Stack, home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a real `switchboard worker` process serving ``stack``'s queue (crash tests add faults)."""
+    return {
+        "PATH": os.environ.get("PATH", ""),
+        "SWITCHBOARD_DATABASE_URL": stack.database_url,
+        "SWITCHBOARD_TEMPORAL_ADDRESS": stack.temporal.service_client.config.target_host,
+        "SWITCHBOARD_TASK_QUEUE": stack.settings.task_queue,
+        "SWITCHBOARD_SECRET_KEY": stack.settings.secret_key or "",
+        "SWITCHBOARD_ADMIN_TOKEN": stack.settings.admin_token or "",
+        "SWITCHBOARD_HOME": str(home),
+        **extra,
+    }
 
 
 @contextlib.asynccontextmanager

@@ -31,7 +31,7 @@ from routing.models import EvaluateInput
 from routing.sandbox import SandboxPool
 from store.db import open_pool
 from switchboard.settings import Settings
-from tests.conftest import Stack, running_stack
+from tests.conftest import Stack, running_stack, worker_process_env
 from tests.helpers import eventually, issue_payload, post_github
 from tests.workflows.replay import handle_for, replayer
 from worker import build_worker
@@ -194,17 +194,8 @@ async def test_a_worker_killed_mid_local_evaluation_is_replaced_and_nothing_is_l
         hook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
         await agent.ok("set_webhook_rules", {"webhook_id": hook["webhook_id"], "rules": RULES})
         log = tmp_path / "worker.log"
-        env = {
-            "PATH": os.environ.get("PATH", ""),
-            "SWITCHBOARD_DATABASE_URL": database_url,
-            "SWITCHBOARD_TEMPORAL_ADDRESS": client.service_client.config.target_host,
-            "SWITCHBOARD_TASK_QUEUE": stack.settings.task_queue,
-            "SWITCHBOARD_SECRET_KEY": stack.settings.secret_key or "",
-            "SWITCHBOARD_ADMIN_TOKEN": stack.settings.admin_token or "",
-            "SWITCHBOARD_HOME": str(tmp_path / "worker-home"),
-            # The worker evaluates on the fast path (the default), then pauses before answering: it is killed there.
-            "SWITCHBOARD_FAULT_EVALUATE_DELAY": "120",
-        }
+        # The worker evaluates on the fast path (the default), then pauses before answering: it is killed there.
+        env = worker_process_env(stack, tmp_path / "worker-home", SWITCHBOARD_FAULT_EVALUATE_DELAY="120")
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "cli.main", "worker"], env=env, stdout=out, stderr=out, start_new_session=True

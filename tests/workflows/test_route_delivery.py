@@ -15,7 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 from cli.embedded import dev_server_args, temporal_cli
 from routing.delivery import CommitResult
 from store.db import open_pool
-from tests.conftest import Stack, running_stack
+from tests.conftest import Stack, running_stack, worker_process_env
 from tests.helpers import eventually, issue_payload, post_github
 from tests.workflows.replay import replay_and_keep
 from worker import build_worker
@@ -49,16 +49,7 @@ async def test_worker_killed_mid_delivery_still_ends_with_exactly_one_todo(
         stack.settings.ingest_wait_seconds = 1.0
         agent = await stack.agent()
         webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
-        env = {
-            "PATH": os.environ.get("PATH", ""),
-            "SWITCHBOARD_DATABASE_URL": database_url,
-            "SWITCHBOARD_TEMPORAL_ADDRESS": client.service_client.config.target_host,
-            "SWITCHBOARD_TASK_QUEUE": stack.settings.task_queue,
-            "SWITCHBOARD_SECRET_KEY": stack.settings.secret_key or "",
-            "SWITCHBOARD_ADMIN_TOKEN": stack.settings.admin_token or "",
-            "SWITCHBOARD_HOME": str(tmp_path / "worker-home"),
-            "SWITCHBOARD_FAULT_COMMIT_DELAY": "60",
-        }
+        env = worker_process_env(stack, tmp_path / "worker-home", SWITCHBOARD_FAULT_COMMIT_DELAY="60")
         proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker"], env=env, start_new_session=True)
         try:
             resp = await post_github(stack.http, webhook, issue_payload(), delivery="crash-1")
