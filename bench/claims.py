@@ -19,15 +19,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
-import shutil
-import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +31,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._stack import DevStack, dev_stack, percentile
+from bench._stack import DevStack, Wire, cpu_seconds, dev_stack, percentile, profiled
 
 SEED = """
 INSERT INTO todos (id, endpoint_id, queue, source, title, idempotency_key)
@@ -100,45 +95,6 @@ class Tally:
         return sum(c - 1 for c in Counter(self.claimed).values() if c > 1)
 
 
-class Wire:
-    """One agent's keep-alive HTTP/1.1 connection, doing the least client work a request can take.
-
-    httpx costs its caller about 2.5 ms of CPU a request on this machine, about twice what the API spends
-    answering it: on 2 shared cores the benchmark would mostly measure its own clients. Real agents run elsewhere,
-    so the default client writes the request bytes and reads status, headers and Content-Length bytes back
-    (`--client httpx` keeps the old client for comparison; every figure prints the clients' CPU).
-    """
-
-    def __init__(self, base: str, credential: str) -> None:
-        url = httpx.URL(base)
-        self.host, self.port = url.host, url.port or 80
-        self.head = f"Host: {self.host}:{self.port}\r\nAuthorization: Bearer {credential}\r\n"
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def post(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
-        raw = json.dumps(body).encode()
-        self.writer.write(
-            f"POST {path} HTTP/1.1\r\n{self.head}Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n".encode()
-            + raw
-        )
-        head = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-        status = int(head[0].split(" ", 2)[1])
-        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in head[1:] if line)}
-        data = await self.reader.readexactly(int(headers["content-length"]))
-        if headers.get("connection", "").lower() == "close":
-            await self.close()
-        return status, headers, data
-
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-
-
 class HttpxWire:
     """The same calls through httpx (`--client httpx`)."""
 
@@ -172,7 +128,7 @@ async def drain_http(base: str, credential: str, agents: int, batch: int = 0, cl
             return out
 
     async def agent() -> None:
-        wire = Wire(base, credential) if client == "raw" else HttpxWire(base, credential)
+        wire = Wire(base, {"Authorization": f"Bearer {credential}"}) if client == "raw" else HttpxWire(base, credential)
         try:
             while True:
                 out = await call(wire, "claim_next", ask)
@@ -227,59 +183,6 @@ def verify(uri: str, prefix: str) -> tuple[int, int]:
         ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
-
-
-@contextlib.contextmanager
-def profiled(pid: int, out: str | None) -> Iterator[None]:
-    """py-spy on the API process for the block; its top functions by own time go to `out`."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if out is None:
-        yield
-        return
-    folded = out + ".folded"
-    proc = subprocess.Popen(
-        [spy, "record", "--pid", str(pid), "--format", "raw", "--output", folded, "--rate", "200", "--nonblocking"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    time.sleep(1.0)
-    try:
-        yield
-    finally:
-        proc.send_signal(2)
-        proc.wait(timeout=60)
-        Path(out).write_text(top_functions(Path(folded)))
-
-
-def top_functions(folded: Path, n: int = 30) -> str:
-    """Own and total sample counts per function, from py-spy's collapsed stacks (own time first)."""
-    own: Counter[str] = Counter()
-    total: Counter[str] = Counter()
-    samples = 0
-    for line in folded.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack:
-            continue
-        k = int(count)
-        samples += k
-        frames = stack.split(";")
-        own[frames[-1]] += k
-        for frame in set(frames):
-            total[frame] += k
-    lines = [f"{samples} samples; own% total% function"]
-    for frame, k in own.most_common(n):
-        lines.append(f"{100 * k / samples:5.1f} {100 * total[frame] / samples:5.1f}  {frame}")
-    lines.append("")
-    lines.append("by total (inclusive):")
-    for frame, k in total.most_common(n):
-        lines.append(f"{100 * k / samples:5.1f}  {frame}")
-    return "\n".join(lines) + "\n"
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds the process has used (its own threads; not its children)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(stack: DevStack, args: argparse.Namespace) -> None:

@@ -7,7 +7,7 @@ process (this one), on the same dev server. So both paths cost Temporal the same
 with eager workflow task, one workflow task completion, one result poll) and one workflow task; what the floor
 leaves out is HTTP, verification, PostgreSQL (webhook lookup, grant, commit) and the bigger payloads.
 
-    python bench/ingest.py [--deliveries 400] [--concurrency 8]
+    python bench/ingest.py [--deliveries 400] [--concurrency 8] [--client raw|httpx] [--profile dev.txt]
     python bench/ingest.py --rss 10000
 
 It also prints CPU milliseconds per delivery by process for both paths (the floor's client and worker are this
@@ -15,6 +15,12 @@ process; switchboard's are the `switchboard dev` process, which hosts the API an
 server; PostgreSQL), which is steadier than throughput on a shared machine. --rss drives that many deliveries
 through switchboard alone and prints the resident memory of the process and its children at the start (after
 the warm-up) and every tenth of the way, then start, end, peak and the growth over the second half.
+
+The producers' HTTP client is bench/_stack.Wire by default (raw keep-alive HTTP/1.1): producers run elsewhere,
+and httpx would spend about 2.5 ms of this machine's CPU per delivery, next to the stack it measures.
+`--client httpx` measures with httpx instead. `--profile FILE` records `switchboard dev` (API and worker) with
+py-spy during the measured rounds (only the thread holding the GIL: top functions by own Python CPU to FILE; py-spy's sampling costs CPU, so take
+the figures from a run without it).
 """
 
 from __future__ import annotations
@@ -33,7 +39,18 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._stack import children, cpu_seconds, dev_stack, drive, percentile, post_signed_issue, process_name, rss_mib
+from bench._stack import (
+    children,
+    cpu_seconds,
+    dev_stack,
+    drive,
+    percentile,
+    post_signed_issue,
+    process_name,
+    profiled,
+    rss_mib,
+    wires_or_httpx,
+)
 from tests.signing import sign_github
 
 
@@ -95,7 +112,8 @@ async def run_all(
             activities=[noop_a, noop_b],
             max_concurrent_local_activities=50,
         ),
-        httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=args.concurrency * 2)) as http,
+        httpx.AsyncClient(timeout=60) as http,
+        wires_or_httpx(stack_base, args.client, args.concurrency) as producer,
     ):
 
         async def floor_one(i: int) -> None:
@@ -127,7 +145,7 @@ async def run_all(
                     "sender": {"login": "joe"},
                 }
             ).encode()
-            await post_signed_issue(http, url, secret, body)
+            await post_signed_issue(producer, url, secret, body)
 
         if args.rss:
 
@@ -144,22 +162,37 @@ async def run_all(
             return results
         await drive(args.warmup, args.concurrency, floor_one)
         await drive(args.warmup, args.concurrency, ours_one)
-        per_round = max(1, args.deliveries // args.rounds)
         cpu: dict[str, dict[str, float]] = {"floor": {}, "switchboard": {}}
-        for _ in range(args.rounds):
-            for name, fn in (("floor", floor_one), ("switchboard", ours_one)):
-                pids = [*stack_pids(dev_pid, home), os.getpid()] if dev_pid else []
-                before = cpu_by_process(pids)
-                took, lat = await drive(per_round, args.concurrency, fn)
-                for proc, seconds in cpu_by_process(pids).items():
-                    cpu[name][proc] = cpu[name].get(proc, 0.0) + seconds - before.get(proc, 0.0)
-                elapsed[name] += took
-                results[name].extend(lat)
+        with profiled(dev_pid, args.profile, gil=True):
+            await rounds(args, dev_pid, home, floor_one, ours_one, results, elapsed, cpu)
     results["_elapsed"] = [elapsed["floor"], elapsed["switchboard"]]
     results["_cpu"] = [elapsed["switchboard"]]
     for proc, seconds in sorted(cpu["switchboard"].items(), key=lambda kv: -kv[1]):
         results[f"_cpu:{proc}"] = [seconds, cpu["floor"].get(proc, 0.0)]
     return results
+
+
+async def rounds(
+    args: argparse.Namespace,
+    dev_pid: int,
+    home: str,
+    floor_one: Any,
+    ours_one: Any,
+    results: dict[str, list[float]],
+    elapsed: dict[str, float],
+    cpu: dict[str, dict[str, float]],
+) -> None:
+    """The measured rounds, floor and switchboard alternating, each with the CPU its processes used."""
+    per_round = max(1, args.deliveries // args.rounds)
+    for _ in range(args.rounds):
+        for name, fn in (("floor", floor_one), ("switchboard", ours_one)):
+            pids = [*stack_pids(dev_pid, home), os.getpid()] if dev_pid else []
+            before = cpu_by_process(pids)
+            took, lat = await drive(per_round, args.concurrency, fn)
+            for proc, seconds in cpu_by_process(pids).items():
+                cpu[name][proc] = cpu[name].get(proc, 0.0) + seconds - before.get(proc, 0.0)
+            elapsed[name] += took
+            results[name].extend(lat)
 
 
 async def rss_run(args: argparse.Namespace, dev_pid: int, one: Any) -> None:
@@ -209,6 +242,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--rss", type=int, default=0, help="drive this many deliveries and print RSS instead")
+    parser.add_argument(
+        "--client", choices=("raw", "httpx"), default="raw", help="the producers' HTTP client (bench/_stack.Wire)"
+    )
+    parser.add_argument(
+        "--profile", default=None, help="py-spy `switchboard dev` during the measured rounds; top functions here"
+    )
     args = parser.parse_args()
     with dev_stack() as stack:
         endpoint = stack.vend(["work"], ["create_webhook", "claim_next"])
@@ -221,7 +260,8 @@ def main() -> None:
     ours = row("switchboard ingest (HTTP → RouteDelivery → 202)", res["_elapsed"][1], res["switchboard"])
     print(
         f"\ningest benchmark: {len(res['floor'])} deliveries per path in {args.rounds} alternating rounds, "
-        f"concurrency {args.concurrency}, dev server (SQLite file), eager start in both\n"
+        f"concurrency {args.concurrency}, dev server (SQLite file), eager start in both, producers' client "
+        f"{args.client}\n"
     )
     print(f"{'path':<52} {'deliveries/s':>12} {'p50 ms':>8} {'p99 ms':>8}")
     for name, rate, p50, p99 in (floor, ours):

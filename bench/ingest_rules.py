@@ -6,6 +6,7 @@ child), the other has 32 rules evaluated in the sandbox, first-match-wins, match
 alternate so drift in the shared dev server hits both alike.
 
     python bench/ingest_rules.py [--deliveries 600] [--rounds 4] [--concurrency 8] [--evaluate auto|queue|local]
+        [--client raw|httpx]
     python bench/ingest_rules.py --flood [--deliveries 40] [--evaluate auto|queue|local]
 
 --evaluate picks the evaluate path (SWITCHBOARD_EVALUATE; default auto, the shipped default: a free sandbox
@@ -33,7 +34,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._stack import cpu_seconds, dev_stack, drive, percentile, post_signed_issue, process_name
+from bench._stack import cpu_seconds, dev_stack, drive, percentile, post_signed_issue, process_name, wires_or_httpx
 from bench.ingest import cpu_by_process, stack_pids
 from routing.delivery import DeliveryInput
 from switchboard.settings import Settings
@@ -179,7 +180,10 @@ async def run_all(base: str, credential: str, args: argparse.Namespace, pids: li
     elapsed = {"none": 0.0, "rules": 0.0}
     cpu: dict[str, dict[str, float]] = {"none": {}, "rules": {}}
     counter = iter(range(10**9))
-    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=args.concurrency * 2)) as http:
+    async with (
+        httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=args.concurrency * 2)) as http,
+        wires_or_httpx(base, args.client, args.concurrency) as producer,
+    ):
 
         async def webhook(rules: list[dict[str, Any]] | None) -> tuple[str, bytes, str]:
             made = (
@@ -205,7 +209,7 @@ async def run_all(base: str, credential: str, args: argparse.Namespace, pids: li
 
             async def one(_: int) -> None:
                 body = issue_body(next(counter) + 1)
-                await post_signed_issue(http, url, secret, body)
+                await post_signed_issue(producer, url, secret, body)
 
             return one
 
@@ -383,6 +387,9 @@ def main() -> None:
     parser.add_argument("--evaluate-locally", action="store_true", help="the same as --evaluate local")
     parser.add_argument(
         "--history-reads", type=int, default=300, help="then time this many start-event reads (0: none)"
+    )
+    parser.add_argument(
+        "--client", choices=("raw", "httpx"), default="raw", help="the producers' HTTP client (bench/_stack.Wire)"
     )
     parser.add_argument("--flood", action="store_true", help="measure endpoint B's latency under endpoint A's flood")
     args = parser.parse_args()
