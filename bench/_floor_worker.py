@@ -1,4 +1,11 @@
-"""The floor's worker: a workflow with two no-op local activities, sandboxed like RouteDelivery."""
+"""The floors' worker: workflows with two no-op local activities, sandboxed like RouteDelivery.
+
+`Floor` is the bare floor of issue 14's target. `FeaturedFloor` adds what RouteDelivery asks of Temporal besides
+its activities, with the same shapes: an activity summary per local activity, an upsert of the three decision
+search attributes at the end and the run's current details; its client starts it with RouteDelivery's start-time
+search attributes, summary and details and the endpoint's fairness key (bench/ingest.py). The gap between the
+two floors is Temporal's own cost of those features on this server.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,9 @@ from datetime import timedelta
 from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import Worker
+
+with workflow.unsafe.imports_passed_through():
+    from workflows import search
 
 
 @activity.defn(name="noop_a")
@@ -29,12 +39,33 @@ class Floor:
         return await workflow.execute_local_activity(noop_b, y, start_to_close_timeout=timedelta(seconds=10))
 
 
+@workflow.defn(name="FeaturedFloor")
+class FeaturedFloor:
+    @workflow.run
+    async def run(self, x: str) -> str:
+        y = await workflow.execute_local_activity(
+            noop_a, x, start_to_close_timeout=timedelta(seconds=10), summary="webhook wh_0123456789abcdef"
+        )
+        z = await workflow.execute_local_activity(
+            noop_b, y, start_to_close_timeout=timedelta(seconds=10), summary="commit queue"
+        )
+        workflow.upsert_search_attributes(
+            [
+                search.DECISION.value_set("queue"),
+                search.RULE_ID.value_set("rl_0123456789abcdef"),
+                search.EVENT_ID.value_set(f"ev_{workflow.info().run_id[:24]}"),
+            ]
+        )
+        workflow.set_current_details("**decision** queue\n\n**event** `ev_0123456789abcdef`\n\n**todos** 1 (1 new)")
+        return z
+
+
 async def main() -> None:
     client = await Client.connect(sys.argv[1])
     async with Worker(
         client,
         task_queue=sys.argv[2],
-        workflows=[Floor],
+        workflows=[Floor, FeaturedFloor],
         activities=[noop_a, noop_b],
         max_concurrent_local_activities=50,
     ):

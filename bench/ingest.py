@@ -7,6 +7,12 @@ process (this one), on the same dev server. So both paths cost Temporal the same
 with eager workflow task, one workflow task completion, one result poll) and one workflow task; what the floor
 leaves out is HTTP, verification, PostgreSQL (webhook lookup, grant, commit) and the bigger payloads.
 
+A second baseline, the featured floor, is the same workflow with what RouteDelivery asks of Temporal besides its
+activities (start-time search attributes, summary, details and fairness key; activity summaries; the upsert of
+the decision attributes at the end; current details): the gap between the two floors is Temporal's own cost of
+those features here, and switchboard / featured floor is what Switchboard adds besides them. Rounds alternate
+the three paths.
+
     python bench/ingest.py [--deliveries 400] [--concurrency 8] [--client raw|httpx] [--profile dev.txt]
     python bench/ingest.py --rss 10000
 
@@ -53,6 +59,18 @@ from bench._stack import (
 )
 from tests.signing import sign_github
 
+PATHS = ("floor", "featured", "switchboard")
+FEATURED_DETAILS = "\n\n".join(
+    [
+        "**webhook** `wh_0123456789abcdef` · endpoint `ep_0123456789abcdef`",
+        "**delivery** `wh_0123456789abcdef:0123456789abcdef0123456789abcdef`",
+        "**trust** verified · verified yes (github hmac sha256)",
+        "**body** about 2200 bytes, application/json",
+        "**received** 2026-12-01T00:00:00+00:00",
+    ]
+)
+"""RouteDelivery's start details have this shape (workflows/explain.start_details)."""
+
 
 def row(name: str, elapsed: float, lat: list[float]) -> tuple[str, float, float, float]:
     return name, len(lat) / elapsed, percentile(lat, 0.5), percentile(lat, 0.99)
@@ -95,12 +113,14 @@ async def run_all(
     """Alternate floor and switchboard rounds so drift in the shared server (SQLite growth, checkpoints)
     hits both alike."""
     from temporalio.client import Client
+    from temporalio.common import Priority, SearchAttributePair, TypedSearchAttributes
     from temporalio.worker import Worker
 
-    from bench._floor_worker import Floor, noop_a, noop_b
+    from bench._floor_worker import FeaturedFloor, Floor, noop_a, noop_b
+    from workflows import search
 
-    results: dict[str, list[float]] = {"floor": [], "switchboard": []}
-    elapsed = {"floor": 0.0, "switchboard": 0.0}
+    results: dict[str, list[float]] = {path: [] for path in PATHS}
+    elapsed = dict.fromkeys(PATHS, 0.0)
     task_queue = f"floor-{uuid.uuid4().hex[:8]}"
     client = await Client.connect(address)
     payload = "x" * 2000
@@ -108,7 +128,7 @@ async def run_all(
         Worker(
             client,
             task_queue=task_queue,
-            workflows=[Floor],
+            workflows=[Floor, FeaturedFloor],
             activities=[noop_a, noop_b],
             max_concurrent_local_activities=50,
         ),
@@ -124,6 +144,27 @@ async def run_all(
                 task_queue=task_queue,
                 execution_timeout=timedelta(seconds=60),
                 request_eager_start=True,
+            )
+
+        async def featured_one(i: int) -> None:
+            # RouteDelivery's start: its search attributes, summary, details and fairness key (runtime/starts.py).
+            attrs = [
+                SearchAttributePair(search.WEBHOOK_ID, "wh_0123456789abcdef"),
+                SearchAttributePair(search.SOURCE, "github"),
+                SearchAttributePair(search.KIND, "issues"),
+                SearchAttributePair(search.DELIVERY_ID, uuid.uuid4().hex),
+            ]
+            await client.execute_workflow(
+                FeaturedFloor.run,
+                payload,
+                id=f"featured-{task_queue}-{uuid.uuid4().hex}",
+                task_queue=task_queue,
+                execution_timeout=timedelta(seconds=60),
+                request_eager_start=True,
+                search_attributes=TypedSearchAttributes(attrs),
+                static_summary=f"github issues opened acme/app#{i}",
+                static_details=FEATURED_DETAILS,
+                priority=Priority(fairness_key="ep_0123456789abcdef"),
             )
 
         webhook = (
@@ -160,15 +201,16 @@ async def run_all(
             await drive(args.warmup, args.concurrency, accepted_one)
             await rss_run(args, dev_pid, accepted_one)
             return results
-        await drive(args.warmup, args.concurrency, floor_one)
-        await drive(args.warmup, args.concurrency, ours_one)
-        cpu: dict[str, dict[str, float]] = {"floor": {}, "switchboard": {}}
+        paths = {"floor": floor_one, "featured": featured_one, "switchboard": ours_one}
+        for fn in paths.values():
+            await drive(args.warmup, args.concurrency, fn)
+        cpu: dict[str, dict[str, float]] = {path: {} for path in PATHS}
         with profiled(dev_pid, args.profile, gil=True):
-            await rounds(args, dev_pid, home, floor_one, ours_one, results, elapsed, cpu)
-    results["_elapsed"] = [elapsed["floor"], elapsed["switchboard"]]
+            await rounds(args, dev_pid, home, paths, results, elapsed, cpu)
+    results["_elapsed"] = [elapsed[path] for path in PATHS]
     results["_cpu"] = [elapsed["switchboard"]]
     for proc, seconds in sorted(cpu["switchboard"].items(), key=lambda kv: -kv[1]):
-        results[f"_cpu:{proc}"] = [seconds, cpu["floor"].get(proc, 0.0)]
+        results[f"_cpu:{proc}"] = [seconds] + [cpu[path].get(proc, 0.0) for path in PATHS[:2]]
     return results
 
 
@@ -176,16 +218,15 @@ async def rounds(
     args: argparse.Namespace,
     dev_pid: int,
     home: str,
-    floor_one: Any,
-    ours_one: Any,
+    paths: dict[str, Any],
     results: dict[str, list[float]],
     elapsed: dict[str, float],
     cpu: dict[str, dict[str, float]],
 ) -> None:
-    """The measured rounds, floor and switchboard alternating, each with the CPU its processes used."""
+    """The measured rounds, the paths alternating, each with the CPU its processes used."""
     per_round = max(1, args.deliveries // args.rounds)
     for _ in range(args.rounds):
-        for name, fn in (("floor", floor_one), ("switchboard", ours_one)):
+        for name, fn in paths.items():
             pids = [*stack_pids(dev_pid, home), os.getpid()] if dev_pid else []
             before = cpu_by_process(pids)
             took, lat = await drive(per_round, args.concurrency, fn)
@@ -257,30 +298,43 @@ def main() -> None:
     if args.rss:
         return
     floor = row("floor (bare workflow, 2 no-op local activities)", res["_elapsed"][0], res["floor"])
-    ours = row("switchboard ingest (HTTP → RouteDelivery → 202)", res["_elapsed"][1], res["switchboard"])
+    featured = row("featured floor (+ RouteDelivery's Temporal features)", res["_elapsed"][1], res["featured"])
+    ours = row("switchboard ingest (HTTP → RouteDelivery → 202)", res["_elapsed"][2], res["switchboard"])
     print(
         f"\ningest benchmark: {len(res['floor'])} deliveries per path in {args.rounds} alternating rounds, "
         f"concurrency {args.concurrency}, dev server (SQLite file), eager start in both, producers' client "
         f"{args.client}\n"
     )
     print(f"{'path':<52} {'deliveries/s':>12} {'p50 ms':>8} {'p99 ms':>8}")
-    for name, rate, p50, p99 in (floor, ours):
+    for name, rate, p50, p99 in (floor, featured, ours):
         print(f"{name:<52} {rate:>12.1f} {p50:>8.1f} {p99:>8.1f}")
     print(f"\nthroughput ratio (switchboard / floor): {ours[1] / floor[1]:.2f}   (target >= 0.90)")
     print(f"p50 difference: {ours[2] - floor[2]:+.1f} ms   (target <= +10 ms)")
+    print(
+        f"featured floor / floor: {featured[1] / floor[1]:.2f} throughput, {featured[2] - floor[2]:+.1f} ms p50 "
+        "(Temporal's own cost of search attributes, upsert, UI metadata, fairness key)"
+    )
+    print(
+        f"switchboard / featured floor: {ours[1] / featured[1]:.2f} throughput, {ours[2] - featured[2]:+.1f} ms p50 "
+        "(what switchboard adds besides those: HTTP, verification, PostgreSQL, payloads)"
+    )
     wall = res["_cpu"][0]
     print(f"\nCPU during the switchboard rounds ({wall:.1f} s wall; 1.00 = one core busy all along):")
-    for key, (seconds, _) in ((k, v) for k, v in res.items() if k.startswith("_cpu:")):
+    for key, (seconds, *_) in ((k, v) for k, v in res.items() if k.startswith("_cpu:")):
         print(f"  {key[5:][:60]:<60} {seconds / wall:5.2f}")
-    n_floor, n_ours = len(res["floor"]), len(res["switchboard"])
+    n_floor, n_featured, n_ours = len(res["floor"]), len(res["featured"]), len(res["switchboard"])
     me = process_name(os.getpid())
     print("\nCPU ms per delivery by process (same rounds; the floor's client and worker are this process,")
     print("switchboard's API and worker are `switchboard dev`, this process is then only its HTTP client):")
-    print(f"  {'process':<52} {'floor':>8} {'switchboard':>12}")
-    for key, (ours_s, floor_s) in ((k, v) for k, v in res.items() if k.startswith("_cpu:")):
+    print(f"  {'process':<52} {'floor':>8} {'featured':>9} {'switchboard':>12}")
+    totals = [0.0, 0.0, 0.0]
+    for key, (ours_s, floor_s, featured_s) in ((k, v) for k, v in res.items() if k.startswith("_cpu:")):
         name = key[5:]
         label = f"{name[:40]} (bench)" if name == me else name[:52]
-        print(f"  {label:<52} {1000 * floor_s / n_floor:>8.2f} {1000 * ours_s / n_ours:>12.2f}")
+        per = [1000 * floor_s / n_floor, 1000 * featured_s / n_featured, 1000 * ours_s / n_ours]
+        totals = [t + x for t, x in zip(totals, per, strict=True)]
+        print(f"  {label:<52} {per[0]:>8.2f} {per[1]:>9.2f} {per[2]:>12.2f}")
+    print(f"  {'all processes':<52} {totals[0]:>8.2f} {totals[1]:>9.2f} {totals[2]:>12.2f}")
 
 
 if __name__ == "__main__":
