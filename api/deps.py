@@ -148,38 +148,6 @@ async def get_caller(request: Request) -> Caller:
 CallerDep = Annotated[Caller, Depends(get_caller)]
 
 
-async def get_webhooks(svc: ServicesDep) -> WebhookStore:
-    """The webhook store."""
-    return svc.webhooks
-
-
-WebhooksDep = Annotated[WebhookStore, Depends(get_webhooks)]
-
-
-async def get_inbox(svc: ServicesDep) -> InboxStore:
-    """The delivery inbox."""
-    return svc.inbox
-
-
-InboxDep = Annotated[InboxStore, Depends(get_inbox)]
-
-
-async def get_admission(svc: ServicesDep) -> Admission:
-    """Ingest admission (capacity and Temporal backoff)."""
-    return svc.admission
-
-
-AdmissionDep = Annotated[Admission, Depends(get_admission)]
-
-
-async def get_ingest_limits(svc: ServicesDep) -> TokenBuckets:
-    """The per-address ingest buckets."""
-    return svc.ingest_limits
-
-
-IngestLimitsDep = Annotated[TokenBuckets, Depends(get_ingest_limits)]
-
-
 async def get_temporal(svc: ServicesDep) -> Client | None:
     """The Temporal client (None when no address is configured)."""
     return svc.temporal
