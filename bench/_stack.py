@@ -285,22 +285,18 @@ class Wires:
 Poster = httpx.AsyncClient | Wires
 
 
-def wires_or_httpx(base: str, client: str, concurrency: int) -> contextlib.AbstractAsyncContextManager[Poster]:
-    """The producers' HTTP client for ``--client raw|httpx``, as an async context."""
-
-    @contextlib.asynccontextmanager
-    async def opened() -> AsyncIterator[Poster]:
-        if client == "httpx":
-            async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=concurrency * 2)) as http:
-                yield http
-            return
-        wires = Wires(base)
-        try:
-            yield wires
-        finally:
-            await wires.aclose()
-
-    return opened()
+@contextlib.asynccontextmanager
+async def wires_or_httpx(base: str, client: str, concurrency: int) -> AsyncIterator[Poster]:
+    """The producers' HTTP client for ``--client raw|httpx``."""
+    if client == "httpx":
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=concurrency * 2)) as http:
+            yield http
+        return
+    wires = Wires(base)
+    try:
+        yield wires
+    finally:
+        await wires.aclose()
 
 
 async def post_signed_issue(http: Poster, url: str, secret: bytes, body: bytes) -> None:

@@ -16,7 +16,7 @@ the three paths.
     python bench/ingest.py [--deliveries 400] [--concurrency 8] [--client raw|httpx] [--profile dev.txt]
     python bench/ingest.py --rss 10000
 
-It also prints CPU milliseconds per delivery by process for both paths (the floor's client and worker are this
+It also prints CPU milliseconds per delivery by process for every path (the floor's client and worker are this
 process; switchboard's are the `switchboard dev` process, which hosts the API and the worker; the Temporal dev
 server; PostgreSQL), which is steadier than throughput on a shared machine. --rss drives that many deliveries
 through switchboard alone and prints the resident memory of the process and its children at the start (after
@@ -25,8 +25,8 @@ the warm-up) and every tenth of the way, then start, end, peak and the growth ov
 The producers' HTTP client is bench/_stack.Wire by default (raw keep-alive HTTP/1.1): producers run elsewhere,
 and httpx would spend about 2.5 ms of this machine's CPU per delivery, next to the stack it measures.
 `--client httpx` measures with httpx instead. `--profile FILE` records `switchboard dev` (API and worker) with
-py-spy during the measured rounds (only the thread holding the GIL: top functions by own Python CPU to FILE; py-spy's sampling costs CPU, so take
-the figures from a run without it).
+py-spy during the measured rounds, sampling only the thread holding the GIL (the top functions by own Python
+CPU go to FILE); py-spy's sampling costs CPU, so take the figures from a run without it.
 """
 
 from __future__ import annotations
@@ -110,8 +110,7 @@ def cpu_by_process(pids: list[int]) -> dict[str, float]:
 async def run_all(
     stack_base: str, credential: str, address: str, args: argparse.Namespace, dev_pid: int = 0, home: str = ""
 ) -> dict[str, list[float]]:
-    """Alternate floor and switchboard rounds so drift in the shared server (SQLite growth, checkpoints)
-    hits both alike."""
+    """Alternate the paths' rounds so drift in the shared server (SQLite growth, checkpoints) hits all alike."""
     from temporalio.client import Client
     from temporalio.common import Priority, SearchAttributePair, TypedSearchAttributes
     from temporalio.worker import Worker
