@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -77,6 +77,7 @@ async def main() -> None:
             data_converter=pydantic_data_converter,
             dev_server_existing_path=temporal_cli(),
             dev_server_extra_args=search_attribute_args(),
+            dev_server_startup_timeout=timedelta(seconds=60),
             ui=False,
         )
         try:

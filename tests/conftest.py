@@ -7,6 +7,7 @@ import os
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +59,24 @@ def database_url(pg_server: Any, template_db: str) -> Iterator[str]:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-@pytest.fixture(scope="session")
-async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
-    env = await WorkflowEnvironment.start_local(
+# The SDK waits 5 s for the dev server by default; a busy machine has missed that (the suite then fails at setup).
+DEV_SERVER_STARTUP = timedelta(seconds=60)
+
+
+async def start_temporal(extra_args: list[str] | None = None) -> WorkflowEnvironment:
+    """A Temporal dev server of the tests' own, with Switchboard's search attributes and dynamic config."""
+    return await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=temporal_cli(),
-        dev_server_extra_args=dev_server_args(),
+        dev_server_extra_args=dev_server_args() if extra_args is None else extra_args,
+        dev_server_startup_timeout=DEV_SERVER_STARTUP,
         ui=False,
     )
+
+
+@pytest.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await start_temporal()
     yield env
     await env.shutdown()
 

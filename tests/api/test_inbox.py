@@ -20,13 +20,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from api.app import create_app
-from cli.embedded import search_attribute_args, start_postgres, temporal_cli
+from cli.embedded import search_attribute_args, start_postgres
 from routing.delivery import CommitResult
 from runtime.relay import InboxRelay, running_relay
 from runtime.starts import start_delivery
 from store.db import migrate
 from store.inbox import InboxStore
-from tests.conftest import Stack, make_settings, running_stack
+from tests.conftest import Stack, make_settings, running_stack, start_temporal, worker_process_env
 from tests.helpers import eventually, issue_payload, post_github, token_of
 from tests.signing import sign_slack
 
@@ -66,12 +66,7 @@ def dev_server_pid(target: str) -> int:
 
 @contextlib.asynccontextmanager
 async def dedicated_temporal() -> AsyncIterator[WorkflowEnvironment]:
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=temporal_cli(),
-        dev_server_extra_args=search_attribute_args(),
-        ui=False,
-    )
+    env = await start_temporal(search_attribute_args())
     try:
         yield env
     finally:
@@ -318,15 +313,12 @@ async def test_a_worker_process_relays_the_inbox(stack: Stack, temporal_env: Wor
         resp = await post_github(stack.http, webhook, issue_payload(number=i), delivery=f"proc-{i}")
         assert resp.status_code == 202 and resp.json()["pending"] is True
     assert count(stack, "delivery_inbox") == 3
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "SWITCHBOARD_DATABASE_URL": stack.database_url,
-        "SWITCHBOARD_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "SWITCHBOARD_TASK_QUEUE": stack.settings.task_queue,
-        "SWITCHBOARD_SECRET_KEY": stack.settings.secret_key or "",
-        "SWITCHBOARD_ADMIN_TOKEN": stack.settings.admin_token or "",
-        "SWITCHBOARD_HOME": str(stack.settings.home.parent / "relay-worker"),
-    }
+    # The real server's address: this stack's own client was swapped for an unreachable one above.
+    env = worker_process_env(
+        stack,
+        stack.settings.home.parent / "relay-worker",
+        SWITCHBOARD_TEMPORAL_ADDRESS=temporal_env.client.service_client.config.target_host,
+    )
     # `switchboard worker` as its own OS process: its relay, not this test's, drains the inbox.
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker"], env=env)
     try:

@@ -9,25 +9,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from cli.embedded import dev_server_args, temporal_cli
 from routing.delivery import CommitResult
 from store.db import open_pool
-from tests.conftest import Stack, running_stack, worker_process_env
+from tests.conftest import Stack, running_stack, start_temporal, worker_process_env
 from tests.helpers import eventually, issue_payload, post_github
 from tests.workflows.replay import replay_and_keep
 from worker import build_worker
 
 
 async def test_temporal_unreachable_accepts_into_the_inbox(tmp_path: Path, database_url: str, sandbox: Any) -> None:
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=temporal_cli(),
-        dev_server_extra_args=dev_server_args(),
-        ui=False,
-    )
+    env = await start_temporal()
     async with running_stack(tmp_path, database_url, env.client, sandbox, with_worker=False) as stack:
         agent = await stack.agent()
         webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
