@@ -37,7 +37,6 @@ log = logging.getLogger("switchboard.worker")
 WORKFLOWS: list[type] = [RouteDelivery, ReapTodos, PruneRetention, FireSchedule, RerouteEvents]
 
 LIVENESS_FILE = "worker.alive"
-
 LIVENESS_PERIOD = 10.0
 # A full garbage collection this often (see _collecting): about 1 ms of CPU each time.
 GC_PERIOD = 30.0
