@@ -6,8 +6,9 @@ and stdout are plain non-blocking pipes the parent drives itself (a request is o
 by a reader callback on the event loop, with no transport or extra loop turn in between); asyncio's
 subprocess transport only starts the child and reports its exit. A request's run is driven by that reader
 and one timer: the timer reads the progress slot and the child's CPU clock and kills the child when the
-running rule overruns its timeout, the request its event budget, or either its wall-clock bounds. The result is a :class:`Run`, never an exception; what to
-do next (resume on a spare, fault the rule, fail closed) is the pool's decision.
+running rule overruns its timeout, the request its event budget, or either its wall-clock bounds. The result
+is a :class:`Run`, never an exception; what to do next (resume on a spare, fault the rule, fail closed) is the
+pool's decision.
 """
 
 from __future__ import annotations

@@ -21,11 +21,12 @@ path (as it loads routing/jq_policy.py), so both sides frame, read and lay out t
 * shared memory: one memfd (its number in the child's argv) holds the progress slot at offset 0, which the
   child maps read-write, and the body slot at :data:`BODY_OFFSET`, which it maps read-only (it can spoil
   nothing but its own next input; the parent never reads that slot back).
-* progress: the slot (:data:`PROGRESS`) the child writes before each rule, so the parent can time the running rule without a pipe write and wake-up per
-  rule. The rule's start on the child's CPU clock is read afresh when :data:`CPU_REFRESH_NS` of wall-clock
-  time have passed since the last reading, and is that last reading otherwise: an early bound (CPU time
-  cannot outrun the wall clock), so a rule is charged at most that much CPU of the rules before it and is
-  never given more than its timeout. A clock reading is a system call; most rules take microseconds.
+* progress: the slot (:data:`PROGRESS`) the child writes before each rule, so the parent can time the
+  running rule without a pipe write and wake-up per rule. The rule's start on the child's CPU clock is read
+  afresh when :data:`CPU_REFRESH_NS` of wall-clock time have passed since the last reading, and is that last
+  reading otherwise: an early bound (CPU time cannot outrun the wall clock), so a rule is charged at most that
+  much CPU of the rules before it and is never given more than its timeout. A clock reading is a system call;
+  most rules take microseconds.
 """
 
 from __future__ import annotations
