@@ -60,7 +60,7 @@ class _Progress:
     cpu: int  # the child's CPU clock now
 
 
-def _cpu_clock_id(pid: int) -> int:
+def cpu_clock_id(pid: int) -> int:
     """Linux's id for another process's CPU clock (CPUCLOCK_SCHED of the whole process; see clock_getcpuclockid)."""
     return (~pid << 3) | 2
 
@@ -170,8 +170,8 @@ class Child:
         pid = self.pid
         if pid is not None:
             try:
-                time.clock_gettime_ns(_cpu_clock_id(pid))
-                self._cpu_clock = _cpu_clock_id(pid)
+                time.clock_gettime_ns(cpu_clock_id(pid))
+                self._cpu_clock = cpu_clock_id(pid)
             except (OSError, OverflowError) as exc:  # no per-process CPU clocks: the wall clock, stricter
                 log.warning("no CPU clock for sandbox child %d (%s); rule budgets use wall-clock time", pid, exc)
 

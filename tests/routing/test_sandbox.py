@@ -675,7 +675,7 @@ async def test_a_child_stopped_for_good_is_ended_by_the_hard_deadline() -> None:
 async def test_without_a_readable_cpu_clock_rules_are_timed_on_the_wall_clock(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("routing.sandbox.child._cpu_clock_id", lambda pid: 12345)  # no such clock: EINVAL
+    monkeypatch.setattr("routing.sandbox.child.cpu_clock_id", lambda pid: 12345)  # no such clock: EINVAL
     sandbox = SandboxPool()
     try:
         assert await sandbox.evaluate(rules(CLOSED), None, BIG_ENVELOPE) == Evaluation(matched_index=0)
