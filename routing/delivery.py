@@ -161,6 +161,9 @@ class DeliveryInput(BaseModel):
     # idempotency key, so one delivery never holds two live todos on one endpoint (todos_live_idem_idx).
     reroute_of: str | None = None
     idempotency_key: str | None = None
+    # The producer's own delivery id (X-GitHub-Delivery, a Stripe event id, ...), found by the start
+    # (runtime/starts.py) and upserted by the run as SwitchboardDeliveryId with its decision.
+    producer_delivery_id: str | None = None
 
     @model_validator(mode="after")
     def _one_body(self) -> DeliveryInput:

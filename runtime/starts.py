@@ -9,8 +9,6 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import (
     Priority,
-    SearchAttributePair,
-    TypedSearchAttributes,
     WorkflowIDConflictPolicy,
     WorkflowIDReusePolicy,
 )
@@ -18,7 +16,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from routing.delivery import CommitResult, DeliveryInput
 from switchboard.settings import Settings
-from workflows import explain, search
+from workflows import explain
 from workflows.route_delivery import RouteDelivery, workflow_id_for
 
 log = logging.getLogger("switchboard.temporal")
@@ -31,14 +29,16 @@ async def start_delivery(
 
     The receiver and the inbox relay both start through here: same workflow id, USE_EXISTING, so a producer's
     retry and the relay join one run instead of doubling.
+
+    No search attributes at start: the run upserts who sent it (webhook, source, kind, the producer's delivery
+    id) with its decision, in one command (workflows/route_delivery.py). On the Temporal dev server any
+    attribute at start cost about a tenth of ingest throughput, and one alone as much as all four
+    (bench/ingest.py's featured floor; README "Benchmarks"). A running delivery is found by its summary line,
+    its workflow id (``workflow_id_for``) or ``ExecutionStatus = "Running"``.
     """
-    attrs: list[Any] = [
-        SearchAttributePair(search.WEBHOOK_ID, delivery.webhook_id),
-        SearchAttributePair(search.SOURCE, delivery.source),
-    ]
-    if delivery.kind:
-        attrs.append(SearchAttributePair(search.KIND, delivery.kind[:256]))
-    summary, details = describe_start(delivery, attrs)
+    summary, details, producer_id = describe_start(delivery)
+    if producer_id is not None and delivery.producer_delivery_id is None:
+        delivery = delivery.model_copy(update={"producer_delivery_id": producer_id})
     handle = await client.start_workflow(
         RouteDelivery.run,
         delivery,
@@ -46,7 +46,6 @@ async def start_delivery(
         task_queue=task_queue or settings.task_queue,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        search_attributes=TypedSearchAttributes(attrs),
         # What the UI's list and the run's page show; user metadata, not part of what replay compares.
         static_summary=summary,
         static_details=details,
@@ -61,8 +60,8 @@ async def start_delivery(
     return handle, started_run(handle)
 
 
-def describe_start(delivery: DeliveryInput, attrs: list[Any]) -> tuple[str, str]:
-    """The run's summary line and start details; adds the producer's delivery id to ``attrs`` when it sent one.
+def describe_start(delivery: DeliveryInput) -> tuple[str, str, str | None]:
+    """The run's summary line and start details, and the producer's delivery id when it sent one.
 
     Display only: a body that cannot be described still starts (its summary is just source and kind).
     """
@@ -72,9 +71,7 @@ def describe_start(delivery: DeliveryInput, attrs: list[Any]) -> tuple[str, str]
         log.warning("could not describe a delivery for the Temporal UI", exc_info=True)
         envelope = None
     producer_id = explain.delivery_attribute(delivery, envelope)
-    if producer_id is not None:
-        attrs.append(SearchAttributePair(search.DELIVERY_ID, producer_id))
-    return explain.summary_line(delivery, envelope), explain.start_details(delivery)
+    return explain.summary_line(delivery, envelope), explain.start_details(delivery), producer_id
 
 
 def started_run(handle: WorkflowHandle[Any, Any]) -> bool:

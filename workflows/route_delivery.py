@@ -6,7 +6,7 @@ import functools
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import Priority, RetryPolicy
+from temporalio.common import Priority, RetryPolicy, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutType
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
@@ -86,10 +86,10 @@ class RouteDelivery:
         )
         grant = loaded.grant
         if grant is None:
-            workflow.upsert_search_attributes([search.DECISION.value_set("gone")])
+            workflow.upsert_search_attributes([search.DECISION.value_set("gone"), *_sender(delivery)])
             return _explained(CommitResult(status="gone", verified=delivery.verified, trust_mode=delivery.trust_mode))
         if not grant.targets:
-            workflow.upsert_search_attributes([search.DECISION.value_set("no_targets")])
+            workflow.upsert_search_attributes([search.DECISION.value_set("no_targets"), *_sender(delivery)])
             return _explained(
                 CommitResult(status="no_targets", verified=delivery.verified, trust_mode=delivery.trust_mode)
             )
@@ -113,7 +113,7 @@ class RouteDelivery:
                 raise
             result = await self._commit_faulted(delivery, decision.trace.get("faults"), refused)
         outcome = result.disposition + (" duplicate" if result.duplicate else "")
-        updates = [search.DECISION.value_set(outcome.replace(" ", "_"))]
+        updates = [search.DECISION.value_set(outcome.replace(" ", "_")), *_sender(delivery)]
         if result.rule_id:
             updates.append(search.RULE_ID.value_set(result.rule_id))
         if result.event_id:
@@ -275,6 +275,20 @@ def _rules_summary(rules: EvaluateInput) -> str:
     """The evaluate activity's line in the UI."""
     count = len(rules.rules)
     return f"{count} rule{'' if count == 1 else 's'}"
+
+
+def _sender(delivery: DeliveryInput) -> list[SearchAttributeUpdate[str]]:
+    """Who sent the delivery, upserted with the decision (the start sets none; runtime/starts.py says why).
+
+    Added to the decision's upsert command, not a command of their own, so histories recorded when these were
+    set at start replay unchanged: replay compares commands, not their values.
+    """
+    updates = [search.WEBHOOK_ID.value_set(delivery.webhook_id), search.SOURCE.value_set(delivery.source)]
+    if delivery.kind:
+        updates.append(search.KIND.value_set(delivery.kind[: explain.MAX_ATTRIBUTE_CHARS]))
+    if delivery.producer_delivery_id:
+        updates.append(search.DELIVERY_ID.value_set(delivery.producer_delivery_id))
+    return updates
 
 
 def _explained(result: CommitResult, faults: object = None) -> CommitResult:

@@ -242,6 +242,10 @@ async def test_record_gone(tmp_path: Path, database_url: str, temporal_env: Work
         result = await _run_worker_until(stack, database_url, sandbox, handle)
         assert result.status == "gone" and result.event_id is None
         assert await decision_attribute(handle) == "gone"
+        # Deleted or not, the run still names its sender with the decision (the start sets no attributes).
+        attrs = {k.name: v for k, v in (await handle.describe()).typed_search_attributes}
+        assert attrs["SwitchboardWebhookId"] == hook["webhook_id"] and attrs["SwitchboardSource"] == "github"
+        assert attrs["SwitchboardDeliveryId"] == "gone-1"
         await replay_and_keep(handle, PATHS["RouteDelivery: the webhook was deleted before the run (gone)"])
 
 

@@ -90,7 +90,19 @@ async def test_search_attributes_and_replay(stack: Stack) -> None:
     assert attrs["SwitchboardWebhookId"] == webhook["webhook_id"]
     assert attrs["SwitchboardSource"] == "github"
     assert attrs["SwitchboardKind"] == "issues"
+    assert attrs["SwitchboardDeliveryId"] == "replay-1"
     assert attrs["SwitchboardDecision"] == "routed"
+    # None at start (runtime/starts.py says why): the sender's attributes come with the decision, in one upsert.
+    history = await handle.fetch_history()
+    assert not history.events[0].workflow_execution_started_event_attributes.search_attributes.indexed_fields
+    upserts = [
+        set(e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields)
+        for e in history.events
+        if e.HasField("upsert_workflow_search_attributes_event_attributes")
+    ]
+    assert len(upserts) == 1
+    sender = {"SwitchboardWebhookId", "SwitchboardSource", "SwitchboardKind", "SwitchboardDeliveryId"}
+    assert sender | {"SwitchboardDecision", "SwitchboardEventId"} <= upserts[0]
     await replay_and_keep(handle, "route_delivery_default.json")
 
 
