@@ -1,9 +1,9 @@
 """The floors' worker: workflows with two no-op local activities, sandboxed like RouteDelivery.
 
 `Floor` is the bare floor of issue 14's target. `FeaturedFloor` adds what RouteDelivery asks of Temporal besides
-its activities, with the same shapes: an activity summary per local activity, an upsert of the three decision
-search attributes at the end and the run's current details; its client starts it with RouteDelivery's start-time
-search attributes, summary and details and the endpoint's fairness key (bench/ingest.py). The gap between the
+its activities, with the same shapes: an activity summary per local activity, one upsert of the sender's and the
+decision's search attributes at the end and the run's current details; its client starts it with RouteDelivery's
+summary and details and the endpoint's fairness key, and no search attributes (bench/ingest.py). The gap between the
 two floors is Temporal's own cost of those features on this server.
 """
 
@@ -51,6 +51,10 @@ class FeaturedFloor:
         )
         workflow.upsert_search_attributes(
             [
+                search.WEBHOOK_ID.value_set("wh_0123456789abcdef"),
+                search.SOURCE.value_set("github"),
+                search.KIND.value_set("issues"),
+                search.DELIVERY_ID.value_set(workflow.info().workflow_id[-32:]),
                 search.DECISION.value_set("queue"),
                 search.RULE_ID.value_set("rl_0123456789abcdef"),
                 search.EVENT_ID.value_set(f"ev_{workflow.info().run_id[:24]}"),

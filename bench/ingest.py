@@ -8,8 +8,8 @@ with eager workflow task, one workflow task completion, one result poll) and one
 leaves out is HTTP, verification, PostgreSQL (webhook lookup, grant, commit) and the bigger payloads.
 
 A second baseline, the featured floor, is the same workflow with what RouteDelivery asks of Temporal besides its
-activities (start-time search attributes, summary, details and fairness key; activity summaries; the upsert of
-the decision attributes at the end; current details): the gap between the two floors is Temporal's own cost of
+activities (summary, details and fairness key at start; activity summaries; the upsert of the sender's and the
+decision's search attributes at the end; current details): the gap between the two floors is Temporal's own cost of
 those features here, and switchboard / featured floor is what Switchboard adds besides them. Rounds alternate
 the three paths.
 
@@ -112,11 +112,10 @@ async def run_all(
 ) -> dict[str, list[float]]:
     """Alternate the paths' rounds so drift in the shared server (SQLite growth, checkpoints) hits all alike."""
     from temporalio.client import Client
-    from temporalio.common import Priority, SearchAttributePair, TypedSearchAttributes
+    from temporalio.common import Priority
     from temporalio.worker import Worker
 
     from bench._floor_worker import FeaturedFloor, Floor, noop_a, noop_b
-    from workflows import search
 
     results: dict[str, list[float]] = {path: [] for path in PATHS}
     elapsed = dict.fromkeys(PATHS, 0.0)
@@ -146,13 +145,7 @@ async def run_all(
             )
 
         async def featured_one(i: int) -> None:
-            # RouteDelivery's start: its search attributes, summary, details and fairness key (runtime/starts.py).
-            attrs = [
-                SearchAttributePair(search.WEBHOOK_ID, "wh_0123456789abcdef"),
-                SearchAttributePair(search.SOURCE, "github"),
-                SearchAttributePair(search.KIND, "issues"),
-                SearchAttributePair(search.DELIVERY_ID, uuid.uuid4().hex),
-            ]
+            # RouteDelivery's start: summary, details and fairness key, no search attributes (runtime/starts.py).
             await client.execute_workflow(
                 FeaturedFloor.run,
                 payload,
@@ -160,7 +153,6 @@ async def run_all(
                 task_queue=task_queue,
                 execution_timeout=timedelta(seconds=60),
                 request_eager_start=True,
-                search_attributes=TypedSearchAttributes(attrs),
                 static_summary=f"github issues opened acme/app#{i}",
                 static_details=FEATURED_DETAILS,
                 priority=Priority(fairness_key="ep_0123456789abcdef"),
@@ -311,7 +303,7 @@ def main() -> None:
     print(f"p50 difference: {ours[2] - floor[2]:+.1f} ms   (target <= +10 ms)")
     print(
         f"featured floor / floor: {featured[1] / floor[1]:.2f} throughput, {featured[2] - floor[2]:+.1f} ms p50 "
-        "(Temporal's own cost of search attributes, upsert, UI metadata, fairness key)"
+        "(Temporal's own cost of the upsert, UI metadata, fairness key)"
     )
     print(
         f"switchboard / featured floor: {ours[1] / featured[1]:.2f} throughput, {ours[2] - featured[2]:+.1f} ms p50 "
