@@ -34,7 +34,8 @@ async def start_delivery(
     id) with its decision, in one command (workflows/route_delivery.py). On the Temporal dev server any
     attribute at start cost about a tenth of ingest throughput, and one alone as much as all four
     (bench/ingest.py's featured floor; README "Benchmarks"). A running delivery is found by its summary line,
-    its workflow id (``workflow_id_for``) or ``ExecutionStatus = "Running"``.
+    its workflow id (``workflow_id_for``: ``WorkflowId STARTS_WITH "delivery-<webhook id>-"``) or
+    ``ExecutionStatus = "Running"``.
     """
     summary, details, producer_id = describe_start(delivery)
     if producer_id is not None and delivery.producer_delivery_id is None:
