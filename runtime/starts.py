@@ -32,8 +32,9 @@ async def start_delivery(
 
     No search attributes at start: the run upserts who sent it (webhook, source, kind, the producer's delivery
     id) with its decision, in one command (workflows/route_delivery.py). On the Temporal dev server any
-    attribute at start cost about a tenth of ingest throughput, and one alone as much as all four
-    (bench/ingest.py's featured floor; README "Benchmarks"). A running delivery is found by its summary line,
+    attribute at start cost about a tenth of ingest throughput, and one alone as much as all four (sweeps of
+    bench/_floor_worker's floors; README "Benchmarks"). A run that fails before it decides has none either: find
+    it by ``ExecutionStatus = "Failed"`` and its workflow id. A running delivery is found by its summary line,
     its workflow id (``workflow_id_for``: ``WorkflowId STARTS_WITH "delivery-<webhook id>-"``) or
     ``ExecutionStatus = "Running"``.
     """
