@@ -26,7 +26,7 @@ from bench._stack import dev_stack, drive
 from routing.sandbox import SandboxPool, encode_input
 from routing.sandbox.child import cpu_clock_id
 from routing.sandbox.protocol import encode_exprs, evaluate_request
-from routing.sandbox_child import RuleEngine
+from routing.sandbox_child import RuleEngine, program_input
 from tests.routing.in_process import evaluate_in_process
 from tests.signing import sign_github
 
@@ -392,7 +392,7 @@ async def main() -> None:
 
     # Pre-serialized once, as the child receives it (its combined program's input carries the start position).
     encoded = encode_input(PARAMS, envelope)
-    floor_text = encoded.decode()[:-1] + ",0]"
+    floor_text = program_input(encoded, 0)  # handed to libjq as these bytes, as the child hands its input
     program = RuleEngine().prepare([r["expr"] for r in RULES]).program
     assert combined_floor(program, floor_text) == 31
     pool = SandboxPool()

@@ -9,14 +9,9 @@ from routing.models import Evaluation, Fault
 
 def rule_fields(rules: list[dict[str, Any]]) -> tuple[list[object], list[str | None]]:
     """Each rule's expression (as stored, checked by the child) and id; a malformed rule has neither."""
-    exprs: list[object] = []
-    ids: list[str | None] = []
-    for rule in rules:
-        rule_map = rule if isinstance(rule, dict) else {}
-        exprs.append(rule_map.get("expr"))
-        rule_id = rule_map.get("id")
-        ids.append(None if rule_id is None else str(rule_id))
-    return exprs, ids
+    maps = [rule if isinstance(rule, dict) else {} for rule in rules]
+    ids = [rule.get("id") for rule in maps]
+    return [rule.get("expr") for rule in maps], [i if i is None or type(i) is str else str(i) for i in ids]
 
 
 def rule_fault(index: int, rule_ids: list[str | None], cause: str, detail: str | None) -> Fault:

@@ -335,16 +335,16 @@ class SandboxPool:
 
     def _remember(self, exprs: list[object]) -> bytes:
         """Remember a list of string expressions for warming new children; the list's encoded exprs field."""
+        key = tuple(exprs)
+        encoded = self._recent.get(key)  # only lists of strings are remembered
+        if encoded is not None:
+            self._recent.move_to_end(key)
+            return encoded
         if not all(isinstance(expr, str) for expr in exprs):
             return encode_exprs(exprs)
-        key = tuple(exprs)
-        encoded = self._recent.get(key)
-        if encoded is None:
-            encoded = self._recent[key] = encode_exprs(exprs)
-            if len(self._recent) > _WARM_LISTS:
-                self._recent.popitem(last=False)
-        else:
-            self._recent.move_to_end(key)
+        encoded = self._recent[key] = encode_exprs(exprs)
+        if len(self._recent) > _WARM_LISTS:
+            self._recent.popitem(last=False)
         return encoded
 
     async def _warm(self, child: Child) -> bool:

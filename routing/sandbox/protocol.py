@@ -136,6 +136,9 @@ class Reply:
     detail: str | None = None
 
 
+_NO_MATCH: Final = Reply(kind="end")
+
+
 def parse_reply(line: bytes, *, seq: int, expected_index: int, rule_count: int) -> Reply | None:
     """Parse one child line for request ``seq``; None means ignore it, ProtocolViolation means fail closed.
 
@@ -145,6 +148,17 @@ def parse_reply(line: bytes, *, seq: int, expected_index: int, rule_count: int) 
     """
     if not line.startswith(PREFIX):
         return None
+    # The usual line, as the child writes it (reply() is compact): no JSON decode. Anything else takes the path below.
+    end = b'%s[%d,"end",' % (PREFIX, seq)
+    if line.startswith(end) and line.endswith(b"]"):
+        value = line[len(end) : -1]
+        if value == b"null":
+            return _NO_MATCH
+        if (value.isdigit() and value[:1] != b"0") or value == b"0":
+            index = int(value)
+            if not expected_index <= index < rule_count:
+                raise ProtocolViolation(f"matched index {index!r} out of range")
+            return Reply(kind="end", rule_index=index)
     try:
         fields = json.loads(line[len(PREFIX) :])
     except ValueError as exc:

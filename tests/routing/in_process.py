@@ -34,7 +34,7 @@ def evaluate_in_process(
     if not rules:
         return Evaluation()
     try:
-        text = encode_input(params, envelope).decode()
+        body = encode_input(params, envelope)
     except (TypeError, ValueError) as exc:
         return sandbox_failure(f"event not JSON-encodable: {type(exc).__name__}")
     exprs, rule_ids = rule_fields(rules)
@@ -47,7 +47,7 @@ def evaluate_in_process(
         nonlocal started
         started = time.thread_time()
 
-    for index, outcome, detail in _ENGINE.evaluate(plan, exprs, text, parsed=parsed):
+    for index, outcome, detail in _ENGINE.evaluate(plan, exprs, body, parsed=parsed):
         finished = time.thread_time()
         spent, started = finished - started, finished
         budget_left -= spent

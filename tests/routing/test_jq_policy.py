@@ -317,8 +317,8 @@ def child_outcome(expr: str) -> tuple[str, str | None]:
     """What the sandbox child's engine does with a one-rule list: (outcome, detail)."""
     engine = RuleEngine()
     plan = engine.prepare([expr])
-    text = input_text(PARAMS, json.dumps(ENVELOPE))
-    outcomes = list(engine.evaluate(plan, [expr], text))
+    body = input_text(PARAMS, json.dumps(ENVELOPE)).encode()
+    outcomes = list(engine.evaluate(plan, [expr], body))
     assert len(outcomes) == 1
     _, outcome, detail = outcomes[0]
     return outcome, detail

@@ -9,7 +9,7 @@ import platform
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import jq
@@ -19,7 +19,16 @@ from routing import sandbox_child
 from routing.models import Evaluation
 from routing.sandbox import ProtocolViolation, Reply, SandboxPool, encode_input, parse_reply
 from routing.sandbox.protocol import BODY_SLOT, CPU_REFRESH_NS, PARSING, PROGRESS
-from routing.sandbox_child import FD_LIMIT, PARSED, RuleEngine, _Plan, _RulesClock, refusal
+from routing.sandbox_child import (
+    BYTES_INPUT,
+    FD_LIMIT,
+    PARSED,
+    RuleEngine,
+    _Plan,
+    _RulesClock,
+    program_input,
+    refusal,
+)
 from tests.routing.in_process import evaluate_in_process
 
 ENVELOPE: dict[str, Any] = {
@@ -193,6 +202,26 @@ def test_parse_reply_refuses_out_of_range_or_malformed_replies(line: bytes) -> N
         parse_reply(line, seq=3, expected_index=1, rule_count=2)
 
 
+@pytest.mark.parametrize(
+    "tail",
+    [b"0]", b"1]", b"null]", b"01]", b" 1]", b"1 ]", b"1.0]", b"-0]", b"1e0]", b"2]", b"\xd9\xa1]", b"1", b"1]]"],
+)
+def test_the_end_reply_s_fast_path_reads_what_the_json_path_reads(tail: bytes) -> None:
+    """The usual end line skips the JSON decode; any line reads the same as decoding it would (or fails closed)."""
+    line = b'SBX1 [3,"end",' + tail
+
+    def read(parse: Callable[[bytes], object]) -> object:
+        try:
+            return parse(line)
+        except ProtocolViolation as exc:
+            return ("violation", str(exc).split(" ")[0])
+
+    def by_json(raw: bytes) -> object:  # the same line, spaced so the fast path cannot take it
+        return parse_reply(raw.replace(b'"end",', b'"end", '), seq=3, expected_index=0, rule_count=2)
+
+    assert read(lambda raw: parse_reply(raw, seq=3, expected_index=0, rule_count=2)) == read(by_json)
+
+
 FAKE_CHILD = r"""
 import json, sys
 out = sys.stdout.buffer
@@ -297,6 +326,21 @@ def test_the_envelope_travels_as_compact_utf8_json() -> None:
     assert len(encode_input(None, BIG_ENVELOPE)) < 1.01 * 1024 * 1024
 
 
+def test_the_child_hands_libjq_its_input_bytes_without_decoding_them() -> None:
+    # The installed jq.py asks the input for its UTF-8 (input_text calls text.encode): the child answers with the
+    # body's bytes. Were that ever not so, BYTES_INPUT is False and the input is decoded as before.
+    assert BYTES_INPUT
+    body = encode_input({"k": "é"}, {"t": "😀", "n": 2**64})
+    handed = program_input(memoryview(body), 2)
+    assert handed.encode() == body[:-1] + b",2]"
+    assert jq.compile(".").input_text(handed).first() == [{"k": "é"}, {"t": "😀", "n": 2**64}, 2]
+    engine = RuleEngine()
+    exprs: list[object] = ['$params.k == "é" and .t == "x"', '.t == "😀" and .n == 18446744073709551616']
+    outcomes = list(engine.evaluate(engine.prepare(exprs), exprs, memoryview(body)))
+    assert outcomes == [(0, "nomatch", None), (1, "match", None)]
+    assert list(engine.evaluate(engine.prepare(exprs), exprs, body, 1)) == [(1, "match", None)]
+
+
 async def test_a_lone_surrogate_still_evaluates_as_the_replacement_character(pool: SandboxPool) -> None:
     envelope = {"payload": {"t": "a\ud800b", "pair": "\ud83d\ude00"}}
     rule_list = rules('.payload.t == "a\\ufffdb" and .payload.pair == "😀"')
@@ -366,7 +410,7 @@ class _UncaughtOnce:
         self.runs: list[int] = []
 
     def input_text(self, text: str) -> Iterator[object]:
-        start = int(text.rsplit(",", 1)[1].rstrip("]"))
+        start = int(text.encode().rsplit(b",", 1)[1].rstrip(b"]"))
         self.runs.append(start)
         yield PARSED
         if len(self.runs) == 1:
@@ -382,7 +426,7 @@ def test_a_re_parse_after_an_uncaught_error_is_reported_so_no_rule_pays_for_it()
         engine.evaluate(
             _Plan(program, {}),
             ["x", "y"],
-            "[{},{}]",
+            b"[{},{}]",
             parsing=lambda position: calls.append(("parsing", position)),
             parsed=lambda position: calls.append(("parsed", position)),
         )
@@ -718,10 +762,10 @@ def test_a_miss_is_the_bare_position_and_anything_else_is_not_taken_for_one() ->
             yield PARSED
             yield from self.outs
 
-    misses = list(engine.evaluate(_Plan(Outputs(0, 1, [2, "match"]), {}), ["a", "b", "c"], "[{},{}]"))
+    misses = list(engine.evaluate(_Plan(Outputs(0, 1, [2, "match"]), {}), ["a", "b", "c"], b"[{},{}]"))
     assert misses == [(0, "nomatch", None), (1, "nomatch", None), (2, "match", None)]
     # A bool is not a position (True == 1 in Python), nor is another rule's position: both fault the rule.
-    odd = list(engine.evaluate(_Plan(Outputs(0, True), {}), ["a", "b"], "[{},{}]"))
+    odd = list(engine.evaluate(_Plan(Outputs(0, True), {}), ["a", "b"], b"[{},{}]"))
     assert odd == [(0, "nomatch", None), (1, "error", "unexpected rule output")]
-    skipped = list(engine.evaluate(_Plan(Outputs(1), {}), ["a", "b"], "[{},{}]"))
+    skipped = list(engine.evaluate(_Plan(Outputs(1), {}), ["a", "b"], b"[{},{}]"))
     assert skipped[0] == (0, "error", "unexpected rule output")
