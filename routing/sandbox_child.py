@@ -235,14 +235,20 @@ class RuleEngine:
         *,
         parsing: Callable[[int], None] | None = None,
         parsed: Callable[[int], None] | None = None,
+        started: Callable[[int], None] | None = None,
+        misses: bool = True,
     ) -> Iterator[tuple[int, Outcome, str | None]]:
         """Lazily yield ``(position, outcome, detail)`` per rule from ``start``, stopping after a match.
 
-        ``body`` is the ``[params, envelope]`` input as compact UTF-8 JSON. Each rule runs only when the next result is
-        pulled, so a caller can time (or be killed during) exactly one rule at a time. ``parsing(position)``
+        ``body`` is the ``[params, envelope]`` input as compact UTF-8 JSON. Each rule runs only when the next result
+        is pulled, so a caller can time (or be killed during) exactly one rule at a time. ``parsing(position)``
         is called before libjq parses the input and ``parsed(position)`` once it has, before rule
         ``position`` runs: the parse belongs to no rule, so callers stop their rule clocks in between.
+        ``started(position)`` is called when the run moves on to rule ``position`` (``len(exprs)`` after the last),
+        before it runs. ``misses=False`` yields only faults and the match: a caller that times rules through
+        ``started`` pays nothing per miss but that call (the sandbox child; most rules miss).
         """
+        errors = plan.compile_errors
         position = start
         while position < len(exprs):
             if plan.program is not None and parsing is not None:
@@ -265,9 +271,11 @@ class RuleEngine:
                     position += 1
                     continue
             while position < len(exprs):
-                if position in plan.compile_errors:
-                    yield position, "compile_error", plan.compile_errors[position]
+                if errors and position in errors:
+                    yield position, "compile_error", errors[position]
                     position += 1
+                    if started is not None:
+                        started(position)
                     continue
                 try:
                     result = next(results)
@@ -276,8 +284,11 @@ class RuleEngine:
                     position += 1
                     break
                 if type(result) is int and result == position:  # a miss
-                    yield position, "nomatch", None
+                    if misses:
+                        yield position, "nomatch", None
                     position += 1
+                    if started is not None:
+                        started(position)
                     continue
                 if not (isinstance(result, list) and len(result) >= 2 and result[0] == position):
                     yield position, "error", "unexpected rule output"
@@ -288,9 +299,11 @@ class RuleEngine:
                     return
                 if result[1] == "error":
                     yield position, "error", short_detail(str(result[2]) if len(result) > 2 else "error")
-                else:
+                elif misses:
                     yield position, "nomatch", None
                 position += 1
+                if started is not None:
+                    started(position)
 
 
 def _write(data: bytes) -> None:
@@ -436,16 +449,22 @@ def serve(memory_limit: int, hard_deadline: float, progress_fd: int) -> None:
         exprs, plan = engine.prepare_encoded(raw_exprs)
         clock = _RulesClock(progress, seq, base)
         matched: int | None = None
+        # Only faults and the match come back here; the clock hears of each rule as the run moves on to it.
         for position, outcome, detail in engine.evaluate(
-            plan, exprs, text, start, parsing=clock.parsing, parsed=clock.parsed
+            plan,
+            exprs,
+            text,
+            start,
+            parsing=clock.parsing,
+            parsed=clock.parsed,
+            started=clock.rule_started,
+            misses=False,
         ):
             if outcome == "match":
                 matched = base + position
                 break
-            if outcome != "nomatch":
-                # At once, not with the final line: if a later rule is killed, the parent keeps this fault.
-                _write(protocol.reply(seq, "r", base + position, outcome, detail))
-            clock.rule_started(position + 1)
+            # At once, not with the final line: if a later rule is killed, the parent keeps this fault.
+            _write(protocol.reply(seq, "r", base + position, outcome, detail))
         _write(protocol.reply(seq, "end", matched))
         signal.setitimer(signal.ITIMER_REAL, 0)
 
@@ -510,11 +529,17 @@ class _RulesClock:
         self._write(position, now, cpu)
 
     def rule_started(self, position: int) -> None:
-        """Rule ``position`` (of this request) starts now."""
+        """Rule ``position`` (of this request) starts now.
+
+        Its start on both clocks is read afresh once ``protocol.CPU_REFRESH_NS`` have passed, and is the last
+        reading otherwise, so most rules write their index alone (one store, no clock read).
+        """
         now = time.monotonic_ns()
         if now - self._cpu_at >= protocol.CPU_REFRESH_NS:
             self._cpu, self._cpu_at = _cpu_ns(), now
-        self._write(position, now, self._cpu)
+            self._write(position, now, self._cpu)
+        else:
+            protocol.INDEX.pack_into(self._progress, protocol.INDEX_OFFSET, self._base + position)
 
     def _write(self, position: int, now: int, cpu: int) -> None:
         protocol.PROGRESS.pack_into(

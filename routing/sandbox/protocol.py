@@ -22,11 +22,12 @@ path (as it loads routing/jq_policy.py), so both sides frame, read and lay out t
   child maps read-write, and the body slot at :data:`BODY_OFFSET`, which it maps read-only (it can spoil
   nothing but its own next input; the parent never reads that slot back).
 * progress: the slot (:data:`PROGRESS`) the child writes before each rule, so the parent can time the
-  running rule without a pipe write and wake-up per rule. The rule's start on the child's CPU clock is read
-  afresh when :data:`CPU_REFRESH_NS` of wall-clock time have passed since the last reading, and is that last
-  reading otherwise: an early bound (CPU time cannot outrun the wall clock), so a rule is charged at most that
-  much CPU of the rules before it and is never given more than its timeout. A clock reading is a system call;
-  most rules take microseconds.
+  running rule without a pipe write and wake-up per rule. The rule's start on the child's CPU clock (and on the
+  wall clock) is read afresh when :data:`CPU_REFRESH_NS` of wall-clock time have passed since the last reading,
+  and is that last reading otherwise, when the child writes the new index alone (:data:`INDEX` at
+  :data:`INDEX_OFFSET`): an early bound (CPU time cannot outrun the wall clock), so a rule is charged at most
+  that much CPU of the rules before it and is never given more than its timeout. A clock reading is a system
+  call; most rules take microseconds.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ READY: Final = PREFIX + b'[0,"ready"]'
 # and on the child's CPU clock (CLOCK_PROCESS_CPUTIME_ID ns: the clock the parent reads as the child
 # process's CPU clock, so the two compare without translation).
 PROGRESS: Final = struct.Struct("<qqqqqq")
+INDEX: Final = struct.Struct("<q")  # the running rule's index alone, written in place (one aligned 8-byte store)
+INDEX_OFFSET: Final = 8
 COMPILING: Final = -1
 PARSING: Final = -2
 BODY_OFFSET: Final = max(mmap.ALLOCATIONGRANULARITY, 4096)  # mappings start on a page boundary

@@ -769,3 +769,36 @@ def test_a_miss_is_the_bare_position_and_anything_else_is_not_taken_for_one() ->
     assert odd == [(0, "nomatch", None), (1, "error", "unexpected rule output")]
     skipped = list(engine.evaluate(_Plan(Outputs(1), {}), ["a", "b"], b"[{},{}]"))
     assert skipped[0] == (0, "error", "unexpected rule output")
+
+
+def test_the_child_hears_of_every_rule_it_moves_on_to_and_gets_back_only_faults_and_the_match() -> None:
+    """misses=False with started: what serve() uses. Every rule boundary reaches the clock before the rule runs."""
+    engine = RuleEngine()
+
+    class Outputs:
+        def __init__(self, *outs: object) -> None:
+            self.outs = outs
+            self.pulled = 0
+
+        def input_text(self, text: str) -> Iterator[object]:
+            yield PARSED
+            for out in self.outs:
+                self.pulled += 1
+                yield out
+
+    program = Outputs(0, [1, "error", "boom"], 2, 4, [5, "match"], 6)
+    seen: list[tuple[int, int]] = []  # (rule the clock was told of, outputs pulled by then)
+    outcomes = list(
+        engine.evaluate(
+            _Plan(program, {3: "compile failed"}),
+            ["a", "b", "c", "d", "e", "f", "g"],
+            b"[{},{}]",
+            started=lambda position: seen.append((position, program.pulled)),
+            misses=False,
+        )
+    )
+    assert outcomes == [(1, "error", "boom"), (3, "compile_error", "compile failed"), (5, "match", None)]
+    # Told of rule n+1 after rule n's output and before rule n+1's is pulled; never past the match.
+    assert seen == [(1, 1), (2, 2), (3, 3), (4, 3), (5, 4)]
+    everything = list(engine.evaluate(_Plan(Outputs(0, [1, "match"]), {}), ["a", "b"], b"[{},{}]", misses=True))
+    assert everything == [(0, "nomatch", None), (1, "match", None)]
