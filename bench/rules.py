@@ -11,9 +11,11 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ import jq
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._stack import dev_stack, drive
+from routing.models import Evaluation
 from routing.sandbox import SandboxPool, encode_input
 from routing.sandbox.child import cpu_clock_id
 from routing.sandbox.protocol import encode_exprs, evaluate_request
@@ -409,32 +412,46 @@ async def main() -> None:
             evaluate_in_process(RULES, PARAMS, envelope)
             combined_floor(program, floor_text)
         await asyncio.sleep(0.5)  # let the spare finish starting
-        # Interleaved, so all four see the same machine (other work shares these cores).
+        # Interleaved, so all five see the same machine (other work shares these cores), in a new order each time:
+        # what runs just before a measurement changes it by a few percent (which caches it finds warm).
         in_process: list[float] = []
         sandboxed: list[float] = []
         floor: list[float] = []
         sandboxed_text: list[float] = []
         echoed: list[float] = []
-        differed = 0
-        for _ in range(ITERATIONS):
-            t0 = time.perf_counter()
+        results: list[Evaluation] = []
+
+        async def run_in_process() -> None:
             evaluate_in_process(RULES, PARAMS, envelope)
-            t1 = time.perf_counter()
-            result = await pool.evaluate(RULES, PARAMS, envelope)
-            t2 = time.perf_counter()
+
+        async def run_sandboxed() -> None:
+            results.append(await pool.evaluate(RULES, PARAMS, envelope))
+
+        async def run_floor() -> None:
             combined_floor(program, floor_text)
-            t3 = time.perf_counter()
-            again = await pool.evaluate_text(RULES, encoded)
-            t4 = time.perf_counter()
+
+        async def run_sandboxed_text() -> None:
+            results.append(await pool.evaluate_text(RULES, encoded))
+
+        async def run_echo() -> None:
             await echo.round_trip(echo_request)
-            t5 = time.perf_counter()
-            echoed.append(t5 - t4)
-            # A wall-clock timeout when the machine starves the child.
-            differed += (result != expected) + (again != expected)
-            in_process.append(t1 - t0)
-            sandboxed.append(t2 - t1)
-            floor.append(t3 - t2)
-            sandboxed_text.append(t4 - t3)
+
+        paths: list[tuple[Callable[[], Awaitable[None]], list[float]]] = [
+            (run_in_process, in_process),
+            (run_sandboxed, sandboxed),
+            (run_floor, floor),
+            (run_sandboxed_text, sandboxed_text),
+            (run_echo, echoed),
+        ]
+        order = random.Random(25)
+        for _ in range(ITERATIONS):
+            order.shuffle(paths)
+            for path, samples in paths:
+                started = time.perf_counter()
+                await path()
+                samples.append(time.perf_counter() - started)
+        # A wall-clock timeout when the machine starves the child.
+        differed = sum(result != expected for result in results)
 
         # CPU time, which a loaded machine does not inflate the way it inflates two processes' wake-ups: the
         # floor's on this thread, the sandbox's in this process plus its children (their scheduler clocks).
