@@ -212,7 +212,7 @@ class FaultStack:
     # -- lifecycle
 
     def start(self, *, apis: int = 1, workers: int = 1) -> None:
-        from cli.embedded import dev_server_args, temporal_cli
+        from cli.embedded import dev_server_args, file_store_args, temporal_cli
         from store.db import migrate
 
         self.pg.first_start()
@@ -225,8 +225,7 @@ class FaultStack:
             temporal_cli(),
             "server",
             "start-dev",
-            "--db-filename",
-            str(self.root / "temporal.db"),
+            *file_store_args(self.root / "temporal.db"),
             "--port",
             str(self.temporal_port),
             "--ip",

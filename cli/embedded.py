@@ -81,6 +81,21 @@ TEMPORAL_DYNAMIC_CONFIG: dict[str, str] = {
 }
 
 
+# How the dev server keeps its SQLite file: a write-ahead log, synced at every commit. SQLite's default rollback
+# journal syncs the journal and the database file for each commit; the WAL syncs one file, and is as durable (FULL:
+# a commit the server acknowledged survives a power cut, as before). Measured on the embedded stack (bench/ingest.py,
+# concurrency 8): the dev server's CPU per delivery fell by about a third, and ingest rose by about 30%.
+SQLITE_PRAGMAS: tuple[str, ...] = ("journal_mode=wal", "synchronous=FULL")
+
+
+def file_store_args(db_file: Path) -> list[str]:
+    """`temporal server start-dev` flags keeping its state in ``db_file`` (WAL, synced per commit)."""
+    args = ["--db-filename", str(db_file)]
+    for pragma in SQLITE_PRAGMAS:
+        args += ["--sqlite-pragma", pragma]
+    return args
+
+
 def dev_server_args() -> list[str]:
     """Extra `temporal server start-dev` flags: Switchboard's search attributes and dynamic config."""
     args = search_attribute_args()
@@ -126,8 +141,7 @@ def temporal_dev_server(
         temporal_cli(),
         "server",
         "start-dev",
-        "--db-filename",
-        str(db_file),
+        *file_store_args(db_file),
         "--port",
         str(port),
         "--ui-port",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -106,6 +108,9 @@ def test_dev_stack_from_scratch_then_restart_keeps_data(tmp_path: Path) -> None:
     finally:
         assert stop(proc) == 0
     assert (home / "pg").is_dir() and (home / "temporal.db").exists()
+    # The dev server keeps its file with a write-ahead log, synced per commit (cli/embedded.py SQLITE_PRAGMAS).
+    with contextlib.closing(sqlite3.connect(home / "temporal.db")) as store:
+        assert store.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     # One log format: no colour codes in the stack's stream (Temporal core's lines are forwarded as JSON), and the
     # dev server's own log is JSON lines, without its start-up banner.
     assert "\x1b[" not in log.read_text()
