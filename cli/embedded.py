@@ -84,7 +84,7 @@ TEMPORAL_DYNAMIC_CONFIG: dict[str, str] = {
 # How the dev server keeps its SQLite file: a write-ahead log, synced at every commit. SQLite's default rollback
 # journal syncs the journal and the database file for each commit; the WAL syncs one file, and is as durable (FULL:
 # a commit the server acknowledged survives a power cut, as before). Measured on the embedded stack (bench/ingest.py,
-# concurrency 8): the dev server's CPU per delivery fell by about a third, and ingest rose by about 30%.
+# concurrency 8, side by side): the dev server's CPU per delivery fell by about a quarter, and ingest rose by 40-60%.
 SQLITE_PRAGMAS: tuple[str, ...] = ("journal_mode=wal", "synchronous=FULL")
 
 

@@ -532,7 +532,7 @@ class _RulesClock:
         """Rule ``position`` (of this request) starts now.
 
         Its start on both clocks is read afresh once ``protocol.CPU_REFRESH_NS`` have passed, and is the last
-        reading otherwise, so most rules write their index alone (one store, no clock read).
+        reading otherwise, so most rules write their index alone (one store, no CPU clock read: a system call).
         """
         now = time.monotonic_ns()
         if now - self._cpu_at >= protocol.CPU_REFRESH_NS:
