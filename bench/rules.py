@@ -1,4 +1,6 @@
-"""Rule evaluation cost: the jq sandbox (warm child pool) against in-process libjq.
+"""Rule evaluation cost: the jq sandbox (warm child pool) against in-process libjq, against the floor (the child's
+one combined program over pre-serialized text, in process) and against that program alone in a bare child (what
+running in another process costs on this machine, besides the sandbox's protocol, clocks and budgets).
 
 Run: ``python bench/rules.py [--skip-stack]``. Prints figures only; the targets are for reading, not asserted.
 Also: one cheap rule over a 1 MiB envelope of 4-byte characters (the parse is not a rule's time), and 100
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import mmap
 import os
 import random
 import sys
@@ -28,8 +31,8 @@ from bench._stack import dev_stack, drive
 from routing.models import Evaluation
 from routing.sandbox import SandboxPool, encode_input
 from routing.sandbox.child import cpu_clock_id
-from routing.sandbox.protocol import encode_exprs, evaluate_request
-from routing.sandbox_child import RuleEngine, program_input
+from routing.sandbox.protocol import BODY_SLOT, encode_exprs, evaluate_request
+from routing.sandbox_child import RuleEngine, _combined, program_input
 from tests.routing.in_process import evaluate_in_process
 from tests.signing import sign_github
 
@@ -340,7 +343,9 @@ class PipeEcho:
     answer read by the event loop's reader callback. No jq, no framing, no timers: two wake-ups and four system
     calls, what any out-of-process evaluation pays on top of the work."""
 
-    def __init__(self) -> None:
+    def __init__(self, script: str = _ECHO, *args: str, pass_fds: tuple[int, ...] = ()) -> None:
+        self._argv = (sys.executable, "-c", script, *args)
+        self._pass_fds = pass_fds
         self._proc: asyncio.subprocess.Process | None = None
         self._stdin = self._stdout = -1
         self._waiter: asyncio.Future[None] | None = None
@@ -350,7 +355,7 @@ class PipeEcho:
         stdin_r, self._stdin = os.pipe2(os.O_CLOEXEC)
         self._stdout, stdout_w = os.pipe2(os.O_CLOEXEC)
         self._proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _ECHO, stdin=stdin_r, stdout=stdout_w, start_new_session=True
+            *self._argv, stdin=stdin_r, stdout=stdout_w, start_new_session=True, pass_fds=self._pass_fds
         )
         os.close(stdin_r)
         os.close(stdout_w)
@@ -377,6 +382,46 @@ class PipeEcho:
             await self._proc.wait()
 
 
+# A child running the sandbox's combined program and nothing else: the body read from shared memory and handed to
+# libjq as bytes, as a sandbox child does, but no protocol, no clocks, no budgets, no hardening. What any evaluation
+# in another process costs on this machine (the wake-ups, caches that went cold while it waited), besides the work.
+_JQ_CHILD = """
+import mmap, os, sys, jq
+class Utf8(str):
+    def encode(self, *args):
+        return self.data
+program = jq.compile(sys.argv[1])
+body = mmap.mmap(int(sys.argv[2]), int(sys.argv[3]), access=mmap.ACCESS_READ)
+os.write(1, b"ready\\n")
+while request := os.read(0, 64):
+    text = Utf8()
+    text.data = b"".join((memoryview(body)[: int(request) - 1], b",0]"))
+    for out in program.input_text(text):
+        if isinstance(out, list) and out[1] == "match":
+            break
+    os.write(1, b"1\\n")
+"""
+
+
+class BareJqChild(PipeEcho):
+    """The floor's program in a child of its own: the body copied into a shared mapping, then one round trip."""
+
+    def __init__(self, source: str) -> None:
+        self._fd = os.memfd_create("bench-body", os.MFD_CLOEXEC)
+        os.ftruncate(self._fd, BODY_SLOT)
+        self._body = mmap.mmap(self._fd, BODY_SLOT)
+        super().__init__(_JQ_CHILD, source, str(self._fd), str(BODY_SLOT), pass_fds=(self._fd,))
+
+    async def evaluate(self, body: bytes) -> None:
+        self._body[: len(body)] = body
+        await self.round_trip(b"%d\n" % len(body))
+
+    async def close(self) -> None:
+        await super().close()
+        self._body.close()
+        os.close(self._fd)
+
+
 def _cpu_seconds(pid: int) -> float:
     """CPU seconds of another process (a sandbox child), from its scheduler clock: exact, unlike /proc's ticks."""
     return time.clock_gettime_ns(cpu_clock_id(pid)) / 1e9
@@ -400,12 +445,14 @@ async def main() -> None:
     assert combined_floor(program, floor_text) == 31
     pool = SandboxPool()
     echo = PipeEcho()
+    bare = BareJqChild(_combined(list(enumerate(r["expr"] for r in RULES))))
     # The very line the parent writes for this list (header, exprs; the body goes in the shared slot).
     echo_request = evaluate_request(
         1, base=0, start=0, exprs=encode_exprs([r["expr"] for r in RULES]), body=encoded, shared=True
     )
     try:
         await echo.start()
+        await bare.start()
         for _ in range(20):  # warm: children started, programs compiled in each
             await pool.evaluate(RULES, PARAMS, envelope)
             await pool.evaluate_text(RULES, encoded)
@@ -419,6 +466,7 @@ async def main() -> None:
         floor: list[float] = []
         sandboxed_text: list[float] = []
         echoed: list[float] = []
+        bare_child: list[float] = []
         results: list[Evaluation] = []
 
         async def run_in_process() -> None:
@@ -436,12 +484,16 @@ async def main() -> None:
         async def run_echo() -> None:
             await echo.round_trip(echo_request)
 
+        async def run_bare() -> None:
+            await bare.evaluate(encoded)
+
         paths: list[tuple[Callable[[], Awaitable[None]], list[float]]] = [
             (run_in_process, in_process),
             (run_sandboxed, sandboxed),
             (run_floor, floor),
             (run_sandboxed_text, sandboxed_text),
             (run_echo, echoed),
+            (run_bare, bare_child),
         ]
         order = random.Random(25)
         for _ in range(ITERATIONS):
@@ -484,6 +536,7 @@ async def main() -> None:
     finally:
         await pool.close()
         await echo.close()
+        await bare.close()
 
     size = len(json.dumps(envelope))
     print(f"envelope {size / 1024:.1f} KiB, {len(RULES)} rules, match at the last; {ITERATIONS} deliveries each")
@@ -508,6 +561,17 @@ async def main() -> None:
         " ms p50)"
     )
     print(f"{'  + the round trip)':<34}")
+    alone = _pct(bare_child, 0.5)
+    label = "bare jq child: the floor's program"
+    print(
+        f"{label:<34}{alone:>9.3f}{_pct(bare_child, 0.99):>9.3f}"
+        f"   ({alone / _pct(floor, 0.5):.2f}x the floor: any evaluation in another process, here)"
+    )
+    print(f"{'  alone in a child, body shared':<34}")
+    print(
+        f"{'ratio sandboxed (text) / bare':<34}{_pct(sandboxed_text, 0.5) / alone:>8.2f}x"
+        f"   (what the sandbox's protocol, clocks and budgets add; {_pct(sandboxed_text, 0.5) - alone:+.3f} ms p50)"
+    )
     print(
         f"CPU per evaluation over {CPU_ITERATIONS}: floor {floor_cpu * 1000:.3f} ms; sandboxed (text) parent "
         f"{parent_cpu * 1000:.3f} + child {child_cpu * 1000:.3f} = {(parent_cpu + child_cpu) * 1000:.3f} ms, "
