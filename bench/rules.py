@@ -32,7 +32,7 @@ from routing.models import Evaluation
 from routing.sandbox import SandboxPool, encode_input
 from routing.sandbox.child import cpu_clock_id
 from routing.sandbox.protocol import BODY_SLOT, encode_exprs, evaluate_request
-from routing.sandbox_child import RuleEngine, _combined, program_input
+from routing.sandbox_child import RuleEngine, program_input
 from tests.routing.in_process import evaluate_in_process
 from tests.signing import sign_github
 
@@ -386,17 +386,14 @@ class PipeEcho:
 # libjq as bytes, as a sandbox child does, but no protocol, no clocks, no budgets, no hardening. What any evaluation
 # in another process costs on this machine (the wake-ups, caches that went cold while it waited), besides the work.
 _JQ_CHILD = """
-import mmap, os, sys, jq
-class Utf8(str):
-    def encode(self, *args):
-        return self.data
-program = jq.compile(sys.argv[1])
-body = mmap.mmap(int(sys.argv[2]), int(sys.argv[3]), access=mmap.ACCESS_READ)
+import json, mmap, os, sys
+sys.path.insert(0, sys.argv[1])
+from routing.sandbox_child import RuleEngine, program_input
+program = RuleEngine().prepare(json.loads(sys.argv[2])).program
+body = mmap.mmap(int(sys.argv[3]), int(sys.argv[4]), access=mmap.ACCESS_READ)
 os.write(1, b"ready\\n")
 while request := os.read(0, 64):
-    text = Utf8()
-    text.data = b"".join((memoryview(body)[: int(request) - 1], b",0]"))
-    for out in program.input_text(text):
+    for out in program.input_text(program_input(memoryview(body)[: int(request)], 0)):
         if isinstance(out, list) and out[1] == "match":
             break
     os.write(1, b"1\\n")
@@ -406,11 +403,12 @@ while request := os.read(0, 64):
 class BareJqChild(PipeEcho):
     """The floor's program in a child of its own: the body copied into a shared mapping, then one round trip."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, exprs: list[str]) -> None:
         self._fd = os.memfd_create("bench-body", os.MFD_CLOEXEC)
         os.ftruncate(self._fd, BODY_SLOT)
         self._body = mmap.mmap(self._fd, BODY_SLOT)
-        super().__init__(_JQ_CHILD, source, str(self._fd), str(BODY_SLOT), pass_fds=(self._fd,))
+        root = str(Path(__file__).resolve().parent.parent)
+        super().__init__(_JQ_CHILD, root, json.dumps(exprs), str(self._fd), str(BODY_SLOT), pass_fds=(self._fd,))
 
     async def evaluate(self, body: bytes) -> None:
         self._body[: len(body)] = body
@@ -445,7 +443,7 @@ async def main() -> None:
     assert combined_floor(program, floor_text) == 31
     pool = SandboxPool()
     echo = PipeEcho()
-    bare = BareJqChild(_combined(list(enumerate(r["expr"] for r in RULES))))
+    bare = BareJqChild([r["expr"] for r in RULES])
     # The very line the parent writes for this list (header, exprs; the body goes in the shared slot).
     echo_request = evaluate_request(
         1, base=0, start=0, exprs=encode_exprs([r["expr"] for r in RULES]), body=encoded, shared=True
