@@ -95,6 +95,7 @@ class ScheduleActivities:
             **carried_body(body),
             source_ip=None,
             received_at=datetime.now(UTC).isoformat(),
+            local_first=True,
         )
         return PrepareFireResult(delivery=delivery)
 

@@ -193,6 +193,7 @@ async def _receive(
         evaluate_locally=settings.evaluate_locally,
         evaluate_queue_seconds=settings.evaluate_queue_seconds,
         evaluate_path=settings.evaluate_path(),
+        local_first=True,
     )
     return await start_and_wait(
         delivery,

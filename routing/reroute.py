@@ -72,6 +72,7 @@ def reroute_input(
         evaluate_locally=evaluate_locally,
         evaluate_queue_seconds=evaluate_queue_seconds,
         evaluate_path=evaluate_path,
+        local_first=True,
         reroute_of=stored.id,
         idempotency_key=stored.external_id,
     )

@@ -51,7 +51,8 @@ EVALUATE_QUEUE_SUFFIX = "-evaluate"
 EVALUATE_QUEUE_PATCH = "evaluate-task-queue"
 # Local first, fair overflow (SWITCHBOARD_EVALUATE=auto): one local activity evaluates on this worker's free
 # sandbox child, or answers "not admitted" at once, and then the evaluate queue takes it as before. Runs
-# recorded before it have no marker and replay on the queue path they took.
+# recorded before it have no marker and replay on the queue path they took. Inputs written since DeliveryInput's
+# local_first field take the path without asking the patch (_local_first says why that replays).
 LOCAL_FIRST_PATCH = "evaluate-local-first"
 # The fast path is one attempt: whatever goes wrong with it (it raised, it timed out) goes to the fair queue,
 # whose activity has its own retries, so nothing is tried in two places at once.
@@ -135,7 +136,7 @@ class RouteDelivery:
                 retry_policy=EVALUATE_RETRY,
                 summary=_rules_summary(rules),
             )
-        if delivery.evaluate_path == "auto" and workflow.patched(LOCAL_FIRST_PATCH):
+        if delivery.evaluate_path == "auto" and _local_first(delivery):
             here = await self._evaluate_here(delivery, rules)
             if here is not None:
                 return here
@@ -269,6 +270,21 @@ class RouteDelivery:
             return CommitResult(
                 faulted=True, disposition="faulted", verified=delivery.verified, trust_mode=delivery.trust_mode
             )
+
+
+def _local_first(delivery: DeliveryInput) -> bool:
+    """Whether an "auto" run evaluates local first: always when its input says so (``local_first``), else as the
+    evaluate-local-first patch answers (inputs recorded before the field: their history decides).
+
+    A run whose input says so asks no patch, so it records no marker and no TemporalChangeVersion upsert. Replaying,
+    it asks all the same: a worker from before the field may have run this part of the run and recorded the marker,
+    which the call then matches (answering True); with no marker in the history, a call on replay records nothing.
+    """
+    if not delivery.local_first:
+        return workflow.patched(LOCAL_FIRST_PATCH)
+    if workflow.unsafe.is_replaying():
+        workflow.patched(LOCAL_FIRST_PATCH)
+    return True
 
 
 def _rules_summary(rules: EvaluateInput) -> str:

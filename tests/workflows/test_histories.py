@@ -9,6 +9,7 @@ How to change workflow code against these pins: docs/workflows.md.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -142,6 +143,53 @@ async def test_record_rule_match_local_first_on_a_free_child(stack: Stack) -> No
     assert result.created == 1 and result.rule_id == "issues"
     history = await handle_for(stack, hook["webhook_id"], "first-1").fetch_history()
     assert not [e for e in history.events if e.HasField("activity_task_scheduled_event_attributes")]
+    # The receiver wrote local_first: no patch marker, and the run's one upsert is its decision's (no
+    # TemporalChangeVersion: a visibility write less per delivery).
+    assert _patch_ids(history) == []
+    [upsert] = [e for e in history.events if e.HasField("upsert_workflow_search_attributes_event_attributes")]
+    fields = upsert.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+    assert "TemporalChangeVersion" not in fields and "SwitchboardDecision" in fields
+
+
+def _patch_ids(history: Any) -> list[str]:
+    """The patch ids whose markers a history records, in order."""
+    ids = []
+    for event in history.events:
+        if event.HasField("marker_recorded_event_attributes"):
+            marker = event.marker_recorded_event_attributes
+            if marker.marker_name == "core_patch":
+                ids.append(json.loads(marker.details["patch-data"].payloads[0].data)["id"])
+    return ids
+
+
+def _with_input(name: str, **fields: Any) -> Any:
+    """A committed RouteDelivery history whose recorded input has ``fields`` set (as a receiver of newer code
+    would have written it)."""
+    history = committed(name)
+    started = history.events[0].workflow_execution_started_event_attributes
+    [payload] = started.input.payloads
+    payload.data = json.dumps({**json.loads(payload.data), **fields}).encode()
+    return history
+
+
+async def test_a_local_first_input_replays_on_a_history_an_older_worker_wrote_with_the_patch_marker() -> None:
+    # A rolling deploy in the wrong order: a new receiver wrote local_first, an old worker ran the run (and asked
+    # the patch, recording its marker), and a new worker now replays it. The call on replay matches the marker.
+    for name in (
+        "route_delivery_rules_local_first_pre_local_first_field.json",
+        "route_delivery_rules_overflow_pre_local_first_field.json",
+    ):
+        history = _with_input(name, local_first=True)
+        assert _patch_ids(history) == ["evaluate-local-first"]
+        await replayer().replay_workflow(history)
+    # And the runs new workers record (no marker) replay with the field as recorded.
+    for name in ("route_delivery_rules_local_first.json", "route_delivery_rules_overflow.json"):
+        history = committed(name)
+        assert _patch_ids(history) == []
+        assert json.loads(history.events[0].workflow_execution_started_event_attributes.input.payloads[0].data)[
+            "local_first"
+        ]
+        await replayer().replay_workflow(history)
 
 
 class _NoFreeChild:
