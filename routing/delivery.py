@@ -156,10 +156,10 @@ class DeliveryInput(BaseModel):
     # How long the evaluation may wait in Temporal for a free evaluate worker slot before it faults as
     # sandbox_busy (SWITCHBOARD_EVALUATE_QUEUE_SECONDS); a flood queues within this bound instead of faulting.
     evaluate_queue_seconds: float = 120.0
-    # Written True by every receiver since the local-first path needed no patch: the run takes that path (when
+    # Written True by every receiver (ingest, re-route, schedule fire): the run takes the local-first path (when
     # evaluate_path is "auto") without asking the evaluate-local-first patch, whose marker and TemporalChangeVersion
-    # upsert cost every delivery with rules a history event and a visibility write (about a fifth of the rules
-    # path's throughput, measured with bench/ingest_rules.py). Inputs recorded before read False and ask the patch.
+    # upsert cost every delivery with rules a history event and a visibility write (2-3 ms of the dev server's CPU
+    # per delivery, bench/ingest_rules.py). Inputs recorded before read False and ask the patch, as they did.
     local_first: bool = False
     # A re-route (reroute_webhook_event/s): the original event this routes again. The new event row has a dedup
     # slot of its own (external_id carries the re-route's mark), while its todos keep the original delivery's
