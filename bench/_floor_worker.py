@@ -39,16 +39,18 @@ class Floor:
         return await workflow.execute_local_activity(noop_b, y, start_to_close_timeout=timedelta(seconds=10))
 
 
-@workflow.defn(name="FeaturedFloor")
-class FeaturedFloor:
-    @workflow.run
-    async def run(self, x: str) -> str:
-        y = await workflow.execute_local_activity(
-            noop_a, x, start_to_close_timeout=timedelta(seconds=10), summary="webhook wh_0123456789abcdef"
-        )
-        z = await workflow.execute_local_activity(
-            noop_b, y, start_to_close_timeout=timedelta(seconds=10), summary="commit queue"
-        )
+async def _featured(x: str, *, upsert: bool = True, summaries: bool = True) -> str:
+    """FeaturedFloor's body; bench/features.py leaves one feature out at a time."""
+    y = await workflow.execute_local_activity(
+        noop_a,
+        x,
+        start_to_close_timeout=timedelta(seconds=10),
+        summary="webhook wh_0123456789abcdef" if summaries else None,
+    )
+    z = await workflow.execute_local_activity(
+        noop_b, y, start_to_close_timeout=timedelta(seconds=10), summary="commit queue" if summaries else None
+    )
+    if upsert:
         workflow.upsert_search_attributes(
             [
                 search.WEBHOOK_ID.value_set("wh_0123456789abcdef"),
@@ -60,8 +62,33 @@ class FeaturedFloor:
                 search.EVENT_ID.value_set(f"ev_{workflow.info().run_id[:24]}"),
             ]
         )
-        workflow.set_current_details("**decision** queue\n\n**event** `ev_0123456789abcdef`\n\n**todos** 1 (1 new)")
-        return z
+    workflow.set_current_details("**decision** queue\n\n**event** `ev_0123456789abcdef`\n\n**todos** 1 (1 new)")
+    return z
+
+
+@workflow.defn(name="FeaturedFloor")
+class FeaturedFloor:
+    @workflow.run
+    async def run(self, x: str) -> str:
+        return await _featured(x)
+
+
+@workflow.defn(name="FeaturedFloorNoUpsert")
+class FeaturedFloorNoUpsert:
+    """FeaturedFloor without the search-attribute upsert at the end."""
+
+    @workflow.run
+    async def run(self, x: str) -> str:
+        return await _featured(x, upsert=False)
+
+
+@workflow.defn(name="FeaturedFloorNoSummaries")
+class FeaturedFloorNoSummaries:
+    """FeaturedFloor without its local activities' summaries."""
+
+    @workflow.run
+    async def run(self, x: str) -> str:
+        return await _featured(x, summaries=False)
 
 
 async def main() -> None:
@@ -69,7 +96,7 @@ async def main() -> None:
     async with Worker(
         client,
         task_queue=sys.argv[2],
-        workflows=[Floor, FeaturedFloor],
+        workflows=[Floor, FeaturedFloor, FeaturedFloorNoUpsert, FeaturedFloorNoSummaries],
         activities=[noop_a, noop_b],
         max_concurrent_local_activities=50,
     ):
