@@ -13,6 +13,7 @@ from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.reroute import RerouteActivities
 from activities.route import RouteActivities
@@ -23,7 +24,6 @@ from routing.sandbox import SandboxPool
 from runtime.relay import running_relay
 from runtime.root import Stores, build_stores, llm_ceilings, worker_resources
 from runtime.schedules import ensure_schedules
-from runtime.workflow_runner import workflow_runner
 from store.db import Pool
 from switchboard.metrics import listening
 from switchboard.settings import Settings
@@ -40,6 +40,12 @@ LIVENESS_FILE = "worker.alive"
 LIVENESS_PERIOD = 10.0
 # A full garbage collection this often (see _collecting): about 1 ms of CPU each time.
 GC_PERIOD = 30.0
+
+
+def workflow_runner() -> SandboxedWorkflowRunner:
+    """Temporal's sandbox (the determinism guard) with every import passed through, so only the workflow module
+    itself is executed again per run; the worker and the replay tests run workflows in it."""
+    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_all_modules())
 
 
 class Workers:
@@ -96,11 +102,8 @@ def build_worker(
         task_queue=queue,
         workflows=WORKFLOWS,
         activities=[
-            # The fast path (a local activity on a free sandbox child, else "not admitted" at once), forced
-            # local evaluation (SWITCHBOARD_EVALUATE=local), and evaluations scheduled on this queue by workflows
-            # started before the evaluate queue existed.
+            # The fast path: a local activity on a free sandbox child, else "not admitted" at once.
             route.evaluate_rules_if_free,
-            route.evaluate_rules,
             route.load_grant,
             route.commit_delivery,
             route.commit_faulted,
@@ -113,7 +116,6 @@ def build_worker(
         ],
         max_concurrent_activities=50,
         max_concurrent_local_activities=50,
-        # Workflows stay sandboxed (determinism guard); runtime/workflow_runner.py says what it changes.
         workflow_runner=workflow_runner(),
     )
     # Queued evaluations are admitted by Temporal: this worker has one slot per sandbox child, so a flood waits
@@ -146,7 +148,7 @@ async def running_worker(
         )
         async with (
             workers,
-            running_relay(resources.temporal, workers.stores.inbox, settings),
+            running_relay(resources.temporal, workers.stores.inbox, workers.stores.deliveries, settings),
             _beating(settings.home / LIVENESS_FILE),
             _collecting(GC_PERIOD),
         ):

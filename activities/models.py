@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
-from routing.delivery import DeliveryInput, EvaluatePath
+from routing.delivery import DeliveryInput
 from routing.models import EvaluateInput, Evaluation, Grant
 
 
@@ -41,9 +43,7 @@ class LoadRerouteInput(BaseModel):
     webhook_id: str
     event_id: str
     batch: str
-    evaluate_locally: bool = False
     evaluate_queue_seconds: float = 120.0
-    evaluate_path: EvaluatePath = "auto"
 
 
 class LoadRerouteResult(BaseModel):
@@ -57,6 +57,14 @@ class EvaluateHereInput(BaseModel):
 
     rules: EvaluateInput
     endpoint_id: str
+
+
+class QueuedEvaluateInput(BaseModel):
+    """RouteDelivery's evaluation on the fair evaluate queue: its rules, built into an envelope from the delivery."""
+
+    delivery: DeliveryInput
+    rules: list[dict[str, Any]]
+    params: dict[str, Any] | None = None
 
 
 class EvaluateHereResult(BaseModel):

@@ -23,11 +23,5 @@ class RerouteActivities:
         stored = await self.events.stored_delivery(data.webhook_id, data.event_id)
         if stored is None:
             return LoadRerouteResult()
-        delivery = reroute_input(
-            stored,
-            data.batch,
-            evaluate_locally=data.evaluate_locally,
-            evaluate_queue_seconds=data.evaluate_queue_seconds,
-            evaluate_path=data.evaluate_path,
-        )
+        delivery = reroute_input(stored, data.batch, evaluate_queue_seconds=data.evaluate_queue_seconds)
         return LoadRerouteResult(delivery=delivery)

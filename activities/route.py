@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from typing import Any, Protocol, runtime_checkable
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from activities.errors import application_errors
-from activities.models import EvaluateHereInput, EvaluateHereResult, LoadGrantInput, LoadGrantResult
-from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultCommitInput
-from routing.models import EvaluateInput, Evaluation, Fault
-from routing.router import RuleEvaluator, evaluator
+from activities.models import (
+    EvaluateHereInput,
+    EvaluateHereResult,
+    LoadGrantInput,
+    LoadGrantResult,
+    QueuedEvaluateInput,
+)
+from routing.delivery import CommitInput, CommitResult, FaultCommitInput
+from routing.models import Evaluation, Fault
+from routing.router import RuleEvaluator
 from store.deliveries import DeliveryStore
 from store.errors import NotFound
 from store.webhooks import WebhookStore
@@ -47,20 +51,6 @@ class AdmittingEvaluator(Protocol):
         ...
 
 
-async def started_delivery() -> DeliveryInput:
-    """The running activity's RouteDelivery input, read from the run's first history event."""
-    info = activity.info()
-    client = activity.client()
-    handle = client.get_workflow_handle(info.workflow_id or "", run_id=info.workflow_run_id)
-    async for event in handle.fetch_history_events(page_size=1):
-        started = event.workflow_execution_started_event_attributes
-        [delivery] = await client.data_converter.decode(started.input.payloads, [DeliveryInput])
-        if isinstance(delivery, DeliveryInput):
-            return delivery
-        break
-    raise ApplicationError(f"the start event of {info.workflow_id} holds no delivery", non_retryable=True)
-
-
 def _fault_line(fault: dict[str, object]) -> str:
     """``rule 2 (rl_…): timeout`` for one fault on a trace; index -1 is the evaluation as a whole."""
     index, rule_id, cause = fault.get("rule_index"), fault.get("rule_id"), fault.get("cause")
@@ -79,19 +69,12 @@ class RouteActivities:
         *,
         commit_delay: float = 0.0,
         evaluate_delay: float = 0.0,
-        local_per_endpoint: int | None = None,
     ) -> None:
         self.webhooks = webhooks
         self.deliveries = deliveries
         self.sandbox = sandbox
         self.commit_delay = commit_delay
         self.evaluate_delay = evaluate_delay
-        # The most fast-path evaluations one endpoint holds at once (None, the worker's choice: no cap besides the
-        # children). Measured with bench/ingest_rules.py --flood, a cap of slots - 1 did not improve another
-        # endpoint's latency under a flood (the flood fills the fair queue, and then nobody takes the fast path)
-        # and sent 10% of a single endpoint's deliveries to the queue at concurrency 8.
-        self.local_per_endpoint = local_per_endpoint
-        self._local_held: Counter[str] = Counter()
 
     @activity.defn(name="load_grant")
     @application_errors
@@ -108,35 +91,27 @@ class RouteActivities:
 
     @activity.defn(name="evaluate_rules")
     @application_errors
-    async def evaluate_rules(self, data: EvaluateInput) -> Evaluation:
-        """The router's evaluate step in the sandbox, heartbeating so a dead worker is noticed in seconds."""
+    async def evaluate_rules(self, data: QueuedEvaluateInput) -> Evaluation:
+        """The delivery's rules in the sandbox, on the fair evaluate queue, heartbeating so a dead worker is
+        noticed in seconds."""
         if not data.rules:
             return Evaluation()
-        if self.sandbox is None:
-            return Evaluation(faults=[Fault(rule_index=-1, cause="sandbox_failure", detail="no sandbox")])
         sandbox = self.sandbox
-        local = activity.info().is_local
-
-        async def run() -> Evaluation:
-            request = data
-            if request.envelope is None:
-                # RouteDelivery records the body once, in its input: the envelope is rebuilt from there.
-                request = data.model_copy(update={"envelope": (await started_delivery()).envelope()})
-            record_evaluation("local_forced" if local else "queue")
-            if not local and isinstance(sandbox, AdmittingEvaluator) and request.envelope is not None:
-                # Admitted by Temporal already: wait out a fast-path evaluation holding the child, never fault.
-                return await sandbox.evaluate(request.rules, request.params, request.envelope, wait=QUEUED_SLOT_WAIT)
-            return await evaluator(sandbox)(request)
-
-        # Reading the start event is inside the heartbeat loop too: a slow history read is not a dead worker.
-        task = asyncio.ensure_future(run())
+        if sandbox is None:
+            return Evaluation(faults=[Fault(rule_index=-1, cause="sandbox_failure", detail="no sandbox")])
+        record_evaluation("queue")
+        envelope = data.delivery.envelope()
+        if isinstance(sandbox, AdmittingEvaluator):
+            # Admitted by Temporal already: wait out a fast-path evaluation holding the child, never fault.
+            work = sandbox.evaluate(data.rules, data.params, envelope, wait=QUEUED_SLOT_WAIT)
+        else:
+            work = sandbox.evaluate(data.rules, data.params, envelope)
+        task = asyncio.ensure_future(work)
         while True:
             done, _ = await asyncio.wait({task}, timeout=0.5)
             if done:
-                break
-            if not local:
-                activity.heartbeat()
-        return task.result()
+                return task.result()
+            activity.heartbeat()
 
     @activity.defn(name="evaluate_rules_if_free")
     @application_errors
@@ -147,26 +122,15 @@ class RouteActivities:
         if not request.rules:
             return EvaluateHereResult(admitted=True, evaluation=Evaluation())
         sandbox = self.sandbox
-        if not isinstance(sandbox, AdmittingEvaluator) or request.envelope is None:
+        if not isinstance(sandbox, AdmittingEvaluator):
             return EvaluateHereResult(admitted=False)
-        endpoint = data.endpoint_id
-        cap = self.local_per_endpoint
-        if cap is not None and self._local_held[endpoint] >= cap:
-            # One endpoint's burst leaves a child to the others' fast path and spills to the fair queue.
-            return EvaluateHereResult(admitted=False)
-        self._local_held[endpoint] += 1
-        try:
-            evaluation = await sandbox.evaluate_if_free(request.rules, request.params, request.envelope)
-            if self.evaluate_delay and evaluation is not None:
-                # Fault injection for the kill -9 test only (SWITCHBOARD_FAULT_EVALUATE_DELAY); zero in production.
-                activity.logger.warning("fault injection: holding the local evaluation %.0f s", self.evaluate_delay)
-                await asyncio.sleep(self.evaluate_delay)
-        finally:
-            self._local_held[endpoint] -= 1
-            if not self._local_held[endpoint]:
-                del self._local_held[endpoint]
+        evaluation = await sandbox.evaluate_if_free(request.rules, request.params, request.envelope)
         if evaluation is None:
             return EvaluateHereResult(admitted=False)
+        if self.evaluate_delay:
+            # Fault injection for the kill -9 test only (SWITCHBOARD_FAULT_EVALUATE_DELAY); zero in production.
+            activity.logger.warning("fault injection: holding the local evaluation %.0f s", self.evaluate_delay)
+            await asyncio.sleep(self.evaluate_delay)
         record_evaluation("local")
         return EvaluateHereResult(admitted=True, evaluation=evaluation)
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from temporalio import activity
 
 from activities.errors import application_errors
-from routing.delivery import DeliveryInput, carried_body
+from routing.delivery import DeliveryInput, summary_line
 from store.schedules import SCHEDULE_SOURCE, SCHEDULE_TRUST_MODE, ScheduleStore
 
 FIRE_KIND = "schedule.fired"
@@ -69,17 +69,15 @@ class ScheduleActivities:
         row = await self.schedules.get(data.schedule_id)
         if row is None:
             return PrepareFireResult(delivery=None)
-        body = json.dumps(
-            {
-                "schedule_id": row.id,
-                "title": row.title,
-                "scheduled_time": data.slot,
-                "cron": row.cron,
-                "timezone": row.timezone,
-                "payload": row.payload,
-            },
-            separators=(",", ":"),
-        ).encode()
+        document = {
+            "schedule_id": row.id,
+            "title": row.title,
+            "scheduled_time": data.slot,
+            "cron": row.cron,
+            "timezone": row.timezone,
+            "payload": row.payload,
+        }
+        body = json.dumps(document, separators=(",", ":")).encode()
         delivery = DeliveryInput(
             webhook_id=row.webhook_id,
             endpoint_id=row.endpoint_id,
@@ -92,10 +90,10 @@ class ScheduleActivities:
             verify_detail="schedule",
             content_type="application/json",
             headers={},
-            **carried_body(body),
+            body=body,
             source_ip=None,
             received_at=datetime.now(UTC).isoformat(),
-            local_first=True,
+            summary=summary_line(SCHEDULE_SOURCE, FIRE_KIND, document),
         )
         return PrepareFireResult(delivery=delivery)
 

@@ -50,6 +50,7 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
 
     # Before anything can log: every record of the process is masked (ingest tokens, credentials, secrets).
     install_masking([settings.admin_token, settings.secret_key])
+    ingest.check_body_cap(settings)
     mcp = McpSurface(body_max=settings.agent_body_max)
 
     @contextlib.asynccontextmanager

@@ -17,6 +17,7 @@ from routing.sandbox import SandboxPool
 from runtime.root import ApiResources
 from store.collectors import CollectorStore
 from store.db import Pool
+from store.deliveries import DeliveryStore
 from store.errors import Unauthenticated
 from store.events import EventStore
 from store.identity import IdentityStore
@@ -53,6 +54,8 @@ class Services:
     events: EventStore
     schedules: ScheduleStore
     inbox: InboxStore
+    # Stores a delivery whose start Temporal refused as a faulted event (api/ingest.py).
+    deliveries: DeliveryStore
     llm: LlmStore
     # The rule verbs' own sandbox (dry-run, backtest, save-time compiles); deliveries evaluate on the workers.
     rule_sandbox: SandboxPool
@@ -88,6 +91,7 @@ class Services:
             events=stores.events,
             schedules=stores.schedules,
             inbox=stores.inbox,
+            deliveries=stores.deliveries,
             llm=stores.llm,
             rule_sandbox=resources.rule_sandbox,
             admission=Admission(settings.ingest_max_inflight, settings.ingest_start_backoff_seconds),

@@ -18,20 +18,20 @@ from api.bodies import read_capped
 from api.deps import ServicesDep
 from api.ratelimit import TokenBuckets, retry_after
 from routing.collectors import BrokenCollectorConfig, delivery_kind, stored_collector_config
-from routing.delivery import CommitResult, DeliveryInput, carried_body
+from routing.delivery import TEMPORAL_PAYLOAD_LIMIT, CommitResult, DeliveryInput, max_input_bytes, summary_line
 from routing.envelope import parse_payload
 from routing.headers import lower_headers, sanitize_headers
 from routing.signatures import MissingSecret
-from routing.sources import delivery_id, find_source, ingest_wait_seconds, verify
+from routing.sources import body_fallback_id, find_source, ingest_wait_seconds, producer_delivery_id, verify
 from routing.text import MAX_HEADER_VALUE_CHARS, clean_optional
-from runtime.starts import is_outage, start_delivery
+from runtime.starts import is_outage, start_delivery, start_refusal
+from store.deliveries import DeliveryStore
 from store.errors import StoreUnavailable
 from store.inbox import InboxReason, InboxStore
 from store.models import IngestWebhook
 from store.webhooks import WebhookStore
 from switchboard.metrics import record_ingest
 from switchboard.settings import Settings
-from workflows.route_delivery import workflow_id_for
 
 log = logging.getLogger("switchboard.ingest")
 
@@ -39,6 +39,18 @@ router = APIRouter(tags=["ingest"])
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
 # PostgreSQL unreachable, or too slow to answer inside the producer's window.
 _UNAVAILABLE = (TimeoutError, StoreUnavailable)
+
+
+def check_body_cap(settings: Settings) -> None:
+    """Refuse to start with an ingest cap whose deliveries would not fit Temporal's payload limit: an accepted
+    delivery must always be routable."""
+    needed = max_input_bytes(settings.ingest_body_max)
+    if needed > TEMPORAL_PAYLOAD_LIMIT:
+        largest = 3 * (TEMPORAL_PAYLOAD_LIMIT - max_input_bytes(0)) // 4
+        raise ValueError(
+            f"SWITCHBOARD_INGEST_BODY_MAX={settings.ingest_body_max}: a delivery that large travels to its workflow "
+            f"as {needed} bytes, over Temporal's {TEMPORAL_PAYLOAD_LIMIT}-byte payload limit; at most {largest} fits"
+        )
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -91,6 +103,7 @@ async def ingest(ingest_token: str, request: Request, svc: ServicesDep) -> JSONR
             webhooks=svc.webhooks,
             buckets=svc.ingest_limits,
             inbox=svc.inbox,
+            deliveries=svc.deliveries,
             admission=svc.admission,
             temporal=svc.temporal,
         )
@@ -109,6 +122,7 @@ async def _receive(
     webhooks: WebhookStore,
     buckets: TokenBuckets,
     inbox: InboxStore,
+    deliveries: DeliveryStore,
     admission: Admission,
     temporal: Client | None,
 ) -> JSONResponse:
@@ -170,35 +184,32 @@ async def _receive(
         # Slack's endpoint handshake (signed like any delivery): answer the challenge, mint nothing.
         return JSONResponse({"challenge": payload["challenge"]}, status_code=200)
 
-    # Parsed once, here: a JSON body travels as its value (readable in the UI, never parsed again), and such a
-    # value is exactly json.loads(body) (its bytes are a dump of it), so the delivery id is read from it too.
-    carried = carried_body(body, payload)
-    parsed = (payload,) if "body_layout" in carried else ()
-    external_id = f"{webhook.id}:{delivery_id(webhook.source_type, headers, body, *parsed)}"
+    # Parsed once, here: the producer's delivery id, the kind and the UI's summary line come from this value.
+    producer_id = producer_delivery_id(webhook.source_type, headers, payload)
     kind = delivery_kind(webhook.source_type, webhook.config, headers, payload)
     delivery = DeliveryInput(
         webhook_id=webhook.id,
         endpoint_id=webhook.endpoint_id,
         source=webhook.source_type,
         kind=kind,
-        external_id=external_id,
+        external_id=f"{webhook.id}:{producer_id or body_fallback_id(body)}",
         trust_mode=webhook.trust_mode,
         verified=verification.verified,
         verify_detail=verification.detail,
         content_type=clean_optional(request.headers.get("content-type"), MAX_HEADER_VALUE_CHARS),
         headers=sanitize_headers(raw_headers),
-        **carried,
+        body=body,
         source_ip=client_ip,
         received_at=datetime.now(UTC).isoformat(),
-        evaluate_locally=settings.evaluate_locally,
+        summary=summary_line(webhook.source_type, kind, payload),
         evaluate_queue_seconds=settings.evaluate_queue_seconds,
-        evaluate_path=settings.evaluate_path(),
-        local_first=True,
+        producer_delivery_id=producer_id,
     )
     return await start_and_wait(
         delivery,
         settings=settings,
         inbox=inbox,
+        deliveries=deliveries,
         admission=admission,
         temporal=temporal,
         rate=webhook_rate(webhook, settings),
@@ -251,6 +262,7 @@ async def start_and_wait(
     *,
     settings: Settings,
     inbox: InboxStore,
+    deliveries: DeliveryStore,
     admission: Admission,
     temporal: Client | None,
     rate: float = 0.0,
@@ -259,10 +271,11 @@ async def start_and_wait(
 
     Accept first: when Temporal does not take the start in time, when this process is past its capacity, or
     when the webhook's pace defers the delivery, it is written to the inbox and answered `202 pending`; a relay
-    starts it later under the same workflow id.
+    starts it later under the same workflow id. A start Temporal refuses (not an outage) is stored as a faulted
+    event at once: retrying it could never succeed.
     """
     deadline = time.monotonic() + ingest_wait_seconds(delivery.source, settings.ingest_wait_seconds)
-    workflow_id = workflow_id_for(delivery.webhook_id, delivery.external_id)
+    workflow_id = delivery.workflow_id
     if rate > 0:
         try:
             async with asyncio.timeout(settings.db_pool_timeout + 0.25):
@@ -283,9 +296,10 @@ async def start_and_wait(
             ):
                 handle, started = await start_delivery(temporal, delivery, settings)
         except Exception as exc:
+            if not is_outage(exc):
+                return await _refused(deliveries, inbox, settings, delivery, exc)
             # Possibly taken after all (a frozen server answers late): the relay's start then joins that run.
-            if is_outage(exc):
-                admission.start_failed()
+            admission.start_failed()
             log.warning(
                 "Temporal did not take the start in time",
                 extra={"workflow_id": workflow_id, "error": f"{type(exc).__name__}: {exc}"[:300]},
@@ -309,3 +323,21 @@ async def start_and_wait(
         return _error(503, "webhook has no live delivery target")
     # Only the call whose start created the run reports what it created; joiners are redeliveries.
     return JSONResponse((result if started else result.joined()).response_body(), status_code=202)
+
+
+async def _refused(
+    deliveries: DeliveryStore, inbox: InboxStore, settings: Settings, delivery: DeliveryInput, exc: BaseException
+) -> JSONResponse:
+    """Temporal refused the start itself: store the delivery as a faulted event with the error, and answer 202."""
+    error = start_refusal(delivery, exc)
+    log.error(
+        "Temporal refused a delivery's start; stored as faulted",
+        extra={"workflow_id": delivery.workflow_id, "error": error.error_message},
+    )
+    try:
+        async with asyncio.timeout(settings.db_pool_timeout + 0.25):
+            result = await deliveries.commit_faulted(error)
+    except _UNAVAILABLE:
+        # The inbox's relay meets the same refusal and stores the faulted event once PostgreSQL answers.
+        return await _to_inbox(inbox, settings, delivery.workflow_id, delivery, "temporal_unavailable")
+    return JSONResponse(result.response_body(), status_code=202)

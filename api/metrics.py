@@ -36,6 +36,7 @@ async def _snapshot(svc: Services) -> DatabaseSnapshot:
     return DatabaseSnapshot(
         inbox_depth=inbox.depth,
         inbox_due=inbox.due,
+        inbox_parked=inbox.parked,
         inbox_oldest_age_seconds=inbox.oldest_age_seconds or 0.0,
         inbox_lag_seconds=inbox.lag_seconds or 0.0,
         todos=todos,

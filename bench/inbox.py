@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import os
 import secrets
@@ -30,13 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from api.app import create_app
 from cli.embedded import search_attribute_args, start_postgres, temporal_cli
-from routing.delivery import DeliveryInput
+from routing.delivery import DeliveryInput, workflow_id_for
 from runtime.relay import InboxRelay
 from store.db import migrate, open_pool
+from store.deliveries import DeliveryStore
 from store.inbox import InboxStore
 from switchboard.settings import Settings
 from tests.signing import sign_github
-from workflows.route_delivery import workflow_id_for
 
 
 def pct(values: list[float], q: float) -> float:
@@ -179,7 +178,7 @@ async def main() -> None:
                             verify_detail="ok",
                             content_type="application/json",
                             headers={},
-                            body_b64=base64.b64encode(b'{"n": %d}' % n).decode(),
+                            body=b'{"n": %d}' % n,
                             source_ip=None,
                             received_at=datetime.now(UTC).isoformat(),
                         )
@@ -188,7 +187,10 @@ async def main() -> None:
                         )
                     quiet = settings.model_copy(update={"relay_log_seconds": 3600.0, "eager_start": False})
                     started = time.monotonic()
-                    tasks = [asyncio.create_task(InboxRelay(env.client, inbox, quiet).run()) for _ in range(relays)]
+                    tasks = [
+                        asyncio.create_task(InboxRelay(env.client, inbox, DeliveryStore(inbox.pool), quiet).run())
+                        for _ in range(relays)
+                    ]
                     while True:  # polling the database
                         if not (await inbox.stats()).depth:
                             break

@@ -97,6 +97,7 @@ Cause = Literal[
     "default_not_granted",
     "held_on_fault",
     "commit_failed",
+    "start_refused",
     "llm_rejected",
     "llm_low_confidence",
     "llm_timeout",
@@ -132,9 +133,7 @@ class EvaluateInput(BaseModel):
 
     rules: list[dict[str, Any]]
     params: dict[str, Any] | None = None
-    # None in RouteDelivery's regular evaluate activity: the body travels once in the history (in the workflow's
-    # input), so the activity builds the envelope from the run's start event (RouteActivities.evaluate_rules).
-    envelope: dict[str, Any] | None = None
+    envelope: dict[str, Any]
 
 
 class Mint(BaseModel):

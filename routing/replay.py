@@ -51,6 +51,7 @@ class StoredEvent(BaseModel):
     disposition: EventDisposition
     todo_ids: list[str]
 
+    @property
     def body(self) -> bytes:
         """The stored body, exactly as received."""
         return self.payload

@@ -13,10 +13,12 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from routing.delivery import CommitResult, DeliveryInput, EvaluatePath, TodoRef, carried_body
+from routing.delivery import MAX_SUMMARY_CHARS, CommitResult, DeliveryInput, TodoRef, plain, summary_line
+from routing.envelope import parse_payload
 from routing.models import Grant
 from routing.replay import History, Outcome, once_keys, replay_events, simulate_once
 from routing.router import Evaluate
+from routing.sources import producer_delivery_id
 
 # Marks a re-route's own dedup slot in events.external_id: "<the original's key>#reroute:<nonce>". Lookups by
 # delivery id never parse it: they follow reroute_of (store/events.py).
@@ -43,15 +45,9 @@ class StoredDelivery(BaseModel):
     received_at: datetime
 
 
-def reroute_input(
-    stored: StoredDelivery,
-    nonce: str,
-    *,
-    evaluate_locally: bool,
-    evaluate_queue_seconds: float,
-    evaluate_path: EvaluatePath = "auto",
-) -> DeliveryInput:
+def reroute_input(stored: StoredDelivery, nonce: str, *, evaluate_queue_seconds: float) -> DeliveryInput:
     """RouteDelivery's input for one re-route of a stored original: the delivery as received, a slot of its own."""
+    payload = parse_payload(stored.payload)
     return DeliveryInput(
         webhook_id=stored.webhook_id,
         endpoint_id=stored.endpoint_id,
@@ -65,16 +61,15 @@ def reroute_input(
         verify_detail=stored.verify_detail or "",
         content_type=stored.content_type,
         headers=stored.headers,
-        **carried_body(stored.payload),
+        body=stored.payload,
         source_ip=stored.source_ip,
         # The delivery's own arrival: a re-route sorts, filters and is retained with its original.
         received_at=stored.received_at.isoformat(),
-        evaluate_locally=evaluate_locally,
+        summary=plain(f"re-route {summary_line(stored.source, stored.kind, payload)}", MAX_SUMMARY_CHARS),
         evaluate_queue_seconds=evaluate_queue_seconds,
-        evaluate_path=evaluate_path,
-        local_first=True,
         reroute_of=stored.id,
         idempotency_key=stored.external_id,
+        producer_delivery_id=producer_delivery_id(stored.source, stored.headers, payload),
     )
 
 
@@ -162,9 +157,7 @@ class RerouteEventsInput(BaseModel):
     batch: str = Field(description="this re-route's nonce: each re-route's workflow id and dedup slot derive from it")
     matched: int = 0
     changed: int = 0
-    evaluate_locally: bool = False
     evaluate_queue_seconds: float = 120.0
-    evaluate_path: EvaluatePath = "auto"
     starts_per_second: float = 10.0
     # Deliveries one run re-routes before it continues as new (workflows/reroute.py says why).
     per_run: int = 25

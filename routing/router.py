@@ -20,8 +20,8 @@ from routing.models import Decision, EvaluateInput, Evaluation, Grant
 from routing.triage import TriageInput, TriageResult, projection
 
 Evaluate = Callable[[EvaluateInput], Awaitable[Evaluation]]
-# The triage step: the activity's result, or None when it was not run after all (an unpatched replay).
-Triage = Callable[[TriageInput], Awaitable[TriageResult | None]]
+# The triage step: the activity's result.
+Triage = Callable[[TriageInput], Awaitable[TriageResult]]
 
 
 class RuleEvaluator(Protocol):
@@ -94,8 +94,6 @@ def evaluator(pool: RuleEvaluator) -> Evaluate:
     """The evaluate step served by a sandbox pool of this process."""
 
     async def evaluate(request: EvaluateInput) -> Evaluation:
-        if request.envelope is None:
-            raise ValueError("a sandbox evaluates rules on an envelope")
         return await pool.evaluate(request.rules, request.params, request.envelope)
 
     return evaluate

@@ -21,7 +21,6 @@ from routing.signatures import (
     Verification,
     Verifier,
     generic_hmac_verifier,
-    json_object,
     verify_cairn,
     verify_gitea,
     verify_github,
@@ -261,25 +260,6 @@ def producer_delivery_id(source: str, headers: Mapping[str, str], document: Any)
 def body_fallback_id(body: bytes) -> str:
     """The content-addressed delivery id used when the producer supplies none."""
     return "sha256:" + hashlib.sha256(body).hexdigest()
-
-
-def delivery_id(source: str, headers: Mapping[str, str], body: bytes, parsed: Any = _UNPARSED) -> str:
-    """The delivery id the idempotency key is built from: the producer's, else a SHA-256 of the body.
-
-    ``parsed``, when given, is the body's ``json.loads`` value, which the receiver already holds (a body carried
-    as JSON, routing.delivery.carried_body), so the body is not parsed again. ValueError for an unknown or
-    reserved source type.
-    """
-    rule = _public(source).delivery_id
-    # Parsed only when the rule reads the body: a GitHub delivery's id is a header, its body may be 25 MiB.
-    document: dict[str, Any] | None = None
-    if rule.reads_body(headers):
-        if parsed is _UNPARSED:
-            document = json_object(body)
-        else:
-            document = parsed if isinstance(parsed, dict) else None
-    found = _producer_id(rule, headers, document)
-    return found if found is not None else body_fallback_id(body)
 
 
 def ingest_wait_seconds(source: str, default: float) -> float:

@@ -8,7 +8,6 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 import psycopg
-import psycopg_pool.base as psycopg_pool_base
 from psycopg import AsyncConnection, sql
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
@@ -23,11 +22,10 @@ Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
 
 _MIGRATION_LOCK = 0x5B0A_4D16  # advisory lock id held while migrating
 
-# psycopg_pool retries a lost server at 1, 3, 7, 15, 31 s…, so after a 20 s outage the pools stayed empty (and
-# ingest answered 503) for seconds after PostgreSQL accepted again (bench/faults.py). A steady ~1 s retry keeps
-# the reconnect prompt; each attempt is one connect, so the cost while the server is down is negligible.
-if hasattr(psycopg_pool_base.AttemptWithBackoff, "DELAY_BACKOFF"):
-    psycopg_pool_base.AttemptWithBackoff.DELAY_BACKOFF = 1.0
+# psycopg_pool retries a lost server with a doubling delay (1, 2, 4 s…) until `reconnect_timeout`, then drops that
+# connection and starts afresh at the next request. A short round keeps the retries about a second apart, so the
+# pools refill within about a second of PostgreSQL answering again, however long it was away.
+RECONNECT_SECONDS = 2.0
 
 KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
 """libpq TCP keepalives (ignored on unix sockets), so a peer that vanished is noticed by the kernel too."""
@@ -65,6 +63,7 @@ async def open_pool(url: str, *, max_size: int = 10, min_size: int = 1, pool_tim
         check=_check_connection,
         open=False,
         timeout=pool_timeout,
+        reconnect_timeout=RECONNECT_SECONDS,
     )
     await pool.open(wait=True, timeout=15.0)
     return pool

@@ -115,9 +115,6 @@ def _jsonb_payload(value: Any, body: bytes, lossy: bool) -> Jsonb | None:
     return Jsonb(value)
 
 
-CAUSE_COMMIT_FAILED = "commit_failed"  # stage "fault": the commit was refused deterministically
-
-
 # What PostgreSQL text cannot hold (NUL) or encode (lone surrogates), replaced only on the faulted path.
 def _storable(text: str | None) -> str | None:
     return None if text is None else clean_text(text)
@@ -188,7 +185,7 @@ class DeliveryStore:
         trace = _traced(dict(decision.trace), d)
         rule_id = trace.get("rule_id")
         disposition = decision.disposition
-        body = d.body()
+        body = d.body
         # Todo ids are minted up front so the event row names them from its first write.
         planned = [(new_id("td"), t.endpoint_id, t.queue) for t in decision.todos] if disposition == "routed" else []
         # Pipelined: BEGIN, the event and (when nothing has to be read first) the todos travel in one round trip,
@@ -285,14 +282,14 @@ class DeliveryStore:
         base: dict[str, Any] = {"verified": d.verified, "trust_mode": d.trust_mode}
         trace: dict[str, Any] = {
             "stage": "fault",
-            "cause": CAUSE_COMMIT_FAILED,
+            "cause": data.cause,
             "error": {"type": data.error_type, "message": data.error_message},
         }
         if data.faults:
             trace["faults"] = data.faults
         trace = _traced(trace, d)
         event_id = new_id("ev")
-        row = _event_row(d, event_id, trace, "faulted", data.workflow_id, [], d.body(), storable=True)
+        row = _event_row(d, event_id, trace, "faulted", data.workflow_id, [], d.body, storable=True)
         try:
             return await self._insert_faulted(d, row, base)
         except Exception as exc:
@@ -338,7 +335,7 @@ class DeliveryStore:
         planned: list[tuple[str, str, str]],
     ) -> AsyncCursor[Any]:
         """Send the statement minting the planned todos (in a pipeline, without waiting for its answer)."""
-        parsed, lossy = d.payload_checked(body)
+        parsed, lossy = d.payload_checked()
         title = todo_title(d.source, d.kind, parsed)
         return await conn.execute(
             _INSERT_TODOS,

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from psycopg.types.json import Jsonb
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from routing.delivery import DeliveryInput
 from store.db import Pool
@@ -41,22 +41,45 @@ WITH pace AS (
 SELECT pace.tat - now() > %(tolerance)s AS deferred FROM pace
 """
 
-# Due rows, oldest slot first; SKIP LOCKED lets every relay take a different share.
+# Due rows, oldest slot first; SKIP LOCKED lets every relay take a different share. Parked rows wait for a person.
 _CLAIM = """
 SELECT workflow_id, delivery, reason, enqueued_at, release_at, attempts
 FROM delivery_inbox
-WHERE release_at <= now()
+WHERE release_at <= now() AND parked_at IS NULL
 ORDER BY release_at, enqueued_at
 LIMIT %s
 FOR UPDATE SKIP LOCKED
 """
 
 _STATS = """
-SELECT count(*) AS depth,
-       count(*) FILTER (WHERE release_at <= now()) AS due,
-       extract(epoch FROM now() - min(enqueued_at))::float8 AS oldest_age_seconds,
-       extract(epoch FROM now() - min(release_at) FILTER (WHERE release_at <= now()))::float8 AS lag_seconds
+SELECT count(*) FILTER (WHERE parked_at IS NULL) AS depth,
+       count(*) FILTER (WHERE release_at <= now() AND parked_at IS NULL) AS due,
+       count(*) FILTER (WHERE parked_at IS NOT NULL) AS parked,
+       extract(epoch FROM now() - min(enqueued_at) FILTER (WHERE parked_at IS NULL))::float8 AS oldest_age_seconds,
+       extract(epoch FROM now() - min(release_at) FILTER (WHERE release_at <= now() AND parked_at IS NULL))::float8
+           AS lag_seconds
 FROM delivery_inbox
+"""
+
+# A start that failed: the row waits `after` seconds (or is parked); outage=True leaves it due and uncounted.
+_FAILED = """
+UPDATE delivery_inbox SET
+    last_error = %(error)s,
+    attempts = attempts + CASE WHEN %(outage)s THEN 0 ELSE 1 END,
+    release_at = now() + make_interval(secs => %(after)s),
+    parked_at = CASE WHEN %(park)s THEN now() END
+WHERE workflow_id = %(workflow_id)s
+"""
+
+_PARKED = """
+SELECT workflow_id, webhook_id, reason, enqueued_at, parked_at, attempts, last_error
+FROM delivery_inbox WHERE parked_at IS NOT NULL ORDER BY parked_at LIMIT %s
+"""
+
+_REQUEUE = """
+UPDATE delivery_inbox SET parked_at = NULL, attempts = 0, release_at = now()
+WHERE workflow_id = %s AND parked_at IS NOT NULL
+RETURNING workflow_id
 """
 
 
@@ -71,13 +94,37 @@ class InboxRow(BaseModel):
     attempts: int
 
 
-class InboxStats(BaseModel):
-    """Depth and age of the inbox: what an operator (and later /metrics) watches."""
+class ParkedRow(BaseModel):
+    """A delivery whose start kept failing while Temporal answered others: what an operator looks at."""
 
-    depth: int = 0
+    workflow_id: str
+    webhook_id: str
+    reason: str
+    enqueued_at: datetime
+    parked_at: datetime
+    attempts: int
+    last_error: str | None
+
+
+class InboxStats(BaseModel):
+    """Depth and age of the inbox: what an operator (and /metrics) watches."""
+
+    depth: int = 0  # waiting for a relay (parked rows aside)
     due: int = 0  # released (not waiting for a pacing slot or a retry)
+    parked: int = 0
     oldest_age_seconds: float | None = None
     lag_seconds: float | None = None  # how long the oldest due row has been waiting for a relay
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A start that failed, as a relay settles it: when the row is due again, and whether it is parked."""
+
+    workflow_id: str
+    error: str
+    after: float
+    outage: bool
+    park: bool
 
 
 @dataclass
@@ -86,15 +133,15 @@ class InboxClaim:
 
     rows: list[InboxRow]
     started: list[str] = field(default_factory=list)
-    failed: list[tuple[str, str, float | None]] = field(default_factory=list)
+    failed: list[Failure] = field(default_factory=list)
 
     def done(self, workflow_id: str) -> None:
-        """Temporal took this start: the row leaves the inbox."""
+        """Temporal took this start (or it ended as a faulted event): the row leaves the inbox."""
         self.started.append(workflow_id)
 
-    def retry(self, workflow_id: str, error: str, *, after: float | None) -> None:
-        """The start failed; the row stays (released again after `after` seconds, or at once when None)."""
-        self.failed.append((workflow_id, error[:500], after))
+    def retry(self, failure: Failure) -> None:
+        """The start failed; the row stays, due again after ``failure.after`` seconds, or parked."""
+        self.failed.append(failure)
 
 
 class InboxStore:
@@ -146,16 +193,27 @@ class InboxStore:
         """
         async with self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(_CLAIM, (limit,))
-            claim = InboxClaim(rows=[InboxRow.model_validate(r) for r in await cur.fetchall()])
+            claim = InboxClaim(rows=[])
+            for found in await cur.fetchall():
+                try:
+                    claim.rows.append(InboxRow.model_validate(found))
+                except ValidationError as exc:
+                    # A row no relay could ever start: parked at once, never in another row's way.
+                    error = f"the stored delivery does not parse: {exc}"
+                    claim.retry(Failure(found["workflow_id"], error, after=0.0, outage=False, park=True))
             yield claim
             if claim.started:
                 await conn.execute("DELETE FROM delivery_inbox WHERE workflow_id = ANY(%s)", (claim.started,))
-            for workflow_id, error, after in claim.failed:
+            for failure in claim.failed:
                 await conn.execute(
-                    "UPDATE delivery_inbox SET attempts = attempts + 1, last_error = %s,"
-                    " release_at = CASE WHEN %s::float8 IS NULL THEN release_at"
-                    " ELSE now() + make_interval(secs => %s::float8) END WHERE workflow_id = %s",
-                    (error, after, after, workflow_id),
+                    _FAILED,
+                    {
+                        "workflow_id": failure.workflow_id,
+                        "error": failure.error[:500],
+                        "outage": failure.outage,
+                        "after": failure.after,
+                        "park": failure.park,
+                    },
                 )
 
     @translates_errors
@@ -165,6 +223,20 @@ class InboxStore:
             cur = await conn.execute(_STATS)
             row = await cur.fetchone()
         return InboxStats.model_validate(row) if row else InboxStats()
+
+    @translates_errors
+    async def parked(self, limit: int = 100) -> list[ParkedRow]:
+        """Parked rows, oldest first."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_PARKED, (limit,))
+            return [ParkedRow.model_validate(r) for r in await cur.fetchall()]
+
+    @translates_errors
+    async def requeue(self, workflow_id: str) -> bool:
+        """Give a parked row back to the relays (due now, its count of failures reset); False when none is parked."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_REQUEUE, (workflow_id,))
+            return await cur.fetchone() is not None
 
     @translates_errors
     async def get(self, workflow_id: str) -> InboxRow | None:

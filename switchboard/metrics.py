@@ -106,10 +106,13 @@ SANDBOX_BUSY = Counter(
 )
 EVALUATIONS = Counter(
     "switchboard_evaluations",
-    "Rule evaluations of deliveries run, by path: local (the fast path, a free sandbox child), queue (the fair"
-    " evaluate queue: overflow, SWITCHBOARD_EVALUATE=queue, or runs recorded before the fast path), local_forced"
-    " (SWITCHBOARD_EVALUATE=local).",
+    "Rule evaluations of deliveries run, by path: local (a free sandbox child of the run's worker), queue (the"
+    " fair evaluate queue, when no child was free).",
     ["path"],
+)
+INBOX_PARKED = Counter(
+    "switchboard_inbox_parked",
+    "Inbox rows parked by a relay: their start kept failing while Temporal answered (see switchboard_inbox_parked_rows).",
 )
 CLAIMS = Counter("switchboard_claims", "Todos claimed (claim and claim_next), by queue.", ["queue"])
 LEASE_EXPIRIES = Counter(
@@ -179,8 +182,13 @@ def record_delivery(source: str, decision: str, faults: Iterable[Mapping[str, An
 
 
 def record_evaluation(path: str) -> None:
-    """One delivery's rule evaluation run on ``path`` (local, queue, local_forced)."""
+    """One delivery's rule evaluation run on ``path`` (local, queue)."""
     EVALUATIONS.labels(path=bounded(path)).inc()
+
+
+def record_inbox_parked() -> None:
+    """One inbox row parked by a relay."""
+    INBOX_PARKED.inc()
 
 
 def sandbox_observer(pool: str) -> Callable[[str], None]:
@@ -418,6 +426,7 @@ class DatabaseSnapshot:
 
     inbox_depth: int
     inbox_due: int
+    inbox_parked: int
     inbox_oldest_age_seconds: float
     inbox_lag_seconds: float
     # (queue, state) -> count, live states only (pending, claimed, failed awaiting a retry).
@@ -472,6 +481,11 @@ class DatabaseGauges:
         for name, doc, value in (
             ("switchboard_inbox_depth", "Deliveries waiting in the PostgreSQL inbox.", snap.inbox_depth),
             ("switchboard_inbox_due", "Inbox rows due for the relay now.", snap.inbox_due),
+            (
+                "switchboard_inbox_parked_rows",
+                "Inbox rows parked until an operator requeues them (their start kept failing).",
+                snap.inbox_parked,
+            ),
             (
                 "switchboard_inbox_oldest_age_seconds",
                 "Age of the oldest inbox row (0 when empty).",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ipaddress
 import secrets
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -100,12 +99,6 @@ class Settings(BaseSettings):
     health_timeout_seconds: float = 0.8
     api_worker: bool = True
     eager_start: bool = True
-    # Where a delivery's rules are evaluated: "auto" tries this worker's free sandbox child first (a local
-    # activity that never waits) and overflows to the fair evaluate queue; "queue" always uses the queue;
-    # "local" always evaluates in the workflow's worker. SWITCHBOARD_EVALUATE_LOCALLY=true is the older name of
-    # "local" (evaluate_path() resolves the two).
-    evaluate: Literal["auto", "queue", "local"] = "auto"
-    evaluate_locally: bool = False
     # Concurrent rule evaluations per worker process: its sandbox children and its evaluate-queue activity slots.
     sandbox_slots: int = Field(default=2, ge=1, le=64)
     # How long a delivery's evaluation may wait in Temporal for a worker before it faults as sandbox_busy.
@@ -143,17 +136,6 @@ class Settings(BaseSettings):
         if (self.temporal_tls_cert_file is None) != (self.temporal_tls_key_file is None):
             raise ValueError("SWITCHBOARD_TEMPORAL_TLS_CERT_FILE and _KEY_FILE must be set together")
         return self
-
-    @model_validator(mode="after")
-    def _one_evaluate_path(self) -> Settings:
-        # Both names set to different paths is a broken setting: refuse to start rather than guess which wins.
-        if self.evaluate_locally and self.evaluate == "queue":
-            raise ValueError("SWITCHBOARD_EVALUATE_LOCALLY=true contradicts SWITCHBOARD_EVALUATE=queue")
-        return self
-
-    def evaluate_path(self) -> Literal["auto", "queue", "local"]:
-        """The evaluate path deliveries started by this process take (SWITCHBOARD_EVALUATE, or _LOCALLY)."""
-        return "local" if self.evaluate_locally else self.evaluate
 
     @model_validator(mode="after")
     def _payload_keys(self) -> Settings:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar, overload
 
 import httpx
 
+from routing.delivery import DeliveryInput
 from routing.rules import check_expression, compile_candidates
 from tests.routing.in_process import check_in_process
 from tests.signing import sign_gitea, sign_github
@@ -38,6 +39,42 @@ def issue_payload(
     }
     payload.update(extra)
     return payload
+
+
+def delivery_input(body: bytes = b"{}", **fields: Any) -> DeliveryInput:
+    """A verified GitHub delivery as a receiver would build it (``fields`` override any field)."""
+    values: dict[str, Any] = {
+        "webhook_id": "wh_1",
+        "endpoint_id": "ep_a",
+        "source": "github",
+        "kind": "issues",
+        "external_id": "wh_1:d1",
+        "trust_mode": "signed",
+        "verified": True,
+        "verify_detail": "ok",
+        "content_type": "application/json",
+        "headers": {"x-github-event": "issues"},
+        "body": body,
+        "source_ip": None,
+        "received_at": "2026-01-01T00:00:00+00:00",
+    }
+    values.update(fields)
+    return DeliveryInput(**values)
+
+
+class NoFreeChild:
+    """A real sandbox whose fast path never finds a free child (every child busy, or someone waiting): every run
+    evaluates on the fair evaluate queue."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.slots = inner.slots
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.inner.evaluate(*args, **kwargs)
+
+    async def evaluate_if_free(self, *_: Any) -> Any:
+        return None
 
 
 def token_of(ingest_url: str) -> str:

@@ -65,7 +65,7 @@ def test_worker_metrics_port_is_the_one_prometheus_scrapes() -> None:
 
 def exported_families() -> set[str]:
     names = {metric.name for metric in REGISTRY.collect()}
-    snapshot = DatabaseSnapshot(0, 0, 0.0, 0.0, {("q", "pending"): 1})
+    snapshot = DatabaseSnapshot(0, 0, 0, 0.0, 0.0, {("q", "pending"): 1})
 
     async def fetch() -> DatabaseSnapshot:
         return snapshot

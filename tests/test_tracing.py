@@ -36,9 +36,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from psycopg import sql
 from temporalio.testing import WorkflowEnvironment
 
+from routing.delivery import workflow_id_for
 from tests.conftest import Agent, Stack
 from tests.helpers import eventually, issue_payload, post_github, token_of
-from workflows.route_delivery import workflow_id_for
 
 BIN = Path(sys.executable).parent
 pytestmark = [pytest.mark.timeout(600)]

@@ -1,105 +1,23 @@
-"""What the Temporal UI shows of a delivery: its summary line, start details, activity summaries, end details.
+"""What the Temporal UI shows of a decided delivery: its end details.
 
 Pure functions (no I/O, no clock), so the workflow may call them and replay computes the same text. Producer
-text (repository names, kinds, titles) is cleaned to one line, capped, and has Temporal-markdown characters
-escaped: a delivery cannot put links, images or layout into an operator's UI.
+text is cleaned to one line, capped, and escaped (routing.delivery.plain). The summary line and start details
+are the receiver's (routing.delivery).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from routing.delivery import CommitResult, DeliveryInput
-from routing.sources import producer_delivery_id
+from routing.delivery import CommitResult, plain
 
-# A summary is one line in the workflow list; details are a short card. The server caps user metadata too
-# (400 B summary / 20 KB details in current releases), so ours stays well inside.
-MAX_SUMMARY_CHARS = 200
-MAX_FIELD_CHARS = 120
+# Details are a short card. The server caps user metadata too (20 KB details in current releases), so ours stays
+# well inside.
 MAX_DETAILS_FAULTS = 10
 MAX_DETAILS_TODOS = 20
 # Keyword search attribute values are indexed whole; a producer id longer than this is not a real one.
 MAX_ATTRIBUTE_CHARS = 256
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
-# Only what builds links, images, HTML or code spans; "#" mid-line and "_" stay readable in the CLI's raw view.
-_MARKDOWN = re.compile(r"([\\`\[\]()<>])")
-
-
-def plain(value: object, limit: int = MAX_FIELD_CHARS) -> str:
-    """Producer text as one escaped markdown line of at most ``limit`` characters (before escaping)."""
-    text = _CONTROL.sub(" ", str(value)).strip()
-    if len(text) > limit:
-        text = text[: limit - 1] + "…"
-    return _MARKDOWN.sub(r"\\\1", text)
-
-
-def _subject(payload: Any, issue: Mapping[str, Any] | None, artifact: Mapping[str, Any] | None) -> str | None:
-    """owner/repo#number for an issue or pull request, cairn:<id> for an artifact, else the repository."""
-    if issue is not None and issue.get("repo") and issue.get("number"):
-        return f"{issue['repo']}#{issue['number']}"
-    if artifact is not None and isinstance(artifact.get("id"), str):
-        return f"cairn:{artifact['id']}"
-    if not isinstance(payload, dict):
-        return None
-    repository = payload.get("repository")
-    repo = repository.get("full_name") if isinstance(repository, dict) else None
-    number = None
-    for name in ("pull_request", "issue"):
-        item = payload.get(name)
-        if isinstance(item, dict) and isinstance(item.get("number"), int) and not isinstance(item["number"], bool):
-            number = item["number"]
-            break
-    if isinstance(repo, str) and repo:
-        return f"{repo}#{number}" if number is not None else repo
-    return None
-
-
-def summary_line(delivery: DeliveryInput, envelope: Mapping[str, Any] | None) -> str:
-    """One line for the workflow list: source, kind, action and subject (``github issues opened acme/app#12``)."""
-    payload = envelope.get("payload") if envelope is not None else None
-    issue = envelope.get("issue") if envelope is not None else None
-    artifact = envelope.get("artifact") if envelope is not None else None
-    kind = delivery.kind or (envelope.get("kind") if envelope is not None else None)
-    action = payload.get("action") if isinstance(payload, dict) else None
-    parts = [delivery.source]
-    if isinstance(kind, str) and kind:
-        parts.append(kind)
-    if isinstance(action, str) and action:
-        parts.append(action)
-    subject = _subject(
-        payload,
-        issue if isinstance(issue, Mapping) else None,
-        artifact if isinstance(artifact, Mapping) else None,
-    )
-    if subject:
-        parts.append(subject)
-    return plain(" ".join(parts), MAX_SUMMARY_CHARS)
-
-
-def start_details(delivery: DeliveryInput) -> str:
-    """Fixed markdown details of the delivery as received: webhook, producer id, trust, size."""
-    size = delivery.size()
-    lines = [
-        f"**webhook** `{plain(delivery.webhook_id)}` · endpoint `{plain(delivery.endpoint_id)}`",
-        f"**delivery** `{plain(delivery.external_id)}`",
-        f"**trust** {plain(delivery.trust_mode)} · verified {'yes' if delivery.verified else 'no'}"
-        f" ({plain(delivery.verify_detail)})",
-        f"**body** about {size} bytes, {plain(delivery.content_type or 'no content type')}",
-        f"**received** {plain(delivery.received_at)}",
-    ]
-    return "\n\n".join(lines)
-
-
-def delivery_attribute(delivery: DeliveryInput, envelope: Mapping[str, Any] | None) -> str | None:
-    """The producer's own delivery id (routing.sources), for the SwitchboardDeliveryId search attribute."""
-    payload = envelope.get("payload") if envelope is not None else None
-    found = producer_delivery_id(delivery.source, delivery.headers, payload)
-    if not found or len(found) > MAX_ATTRIBUTE_CHARS:
-        return None
-    return found
 
 
 def end_details(result: CommitResult, faults: object = None) -> str:
@@ -140,15 +58,3 @@ def _fault_line(fault: Mapping[str, Any]) -> str:
     if detail:
         line += f" — {plain(detail)}"
     return line
-
-
-# The receiver parses a body once already: a JSON body travels as its value, and a huge one that does not is
-# not parsed again only to name its subject here.
-MAX_DESCRIBED_BODY = 1 << 20
-
-
-def received_envelope(delivery: DeliveryInput) -> dict[str, Any] | None:
-    """The envelope the start's summary and producer id are read from; None for a body too large to parse again."""
-    if delivery.body_layout is None and delivery.size() > MAX_DESCRIBED_BODY:
-        return None
-    return delivery.envelope()

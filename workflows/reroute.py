@@ -18,7 +18,7 @@ from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedErro
 with workflow.unsafe.imports_passed_through():
     from activities.models import LoadRerouteInput
     from activities.reroute import RerouteActivities
-    from routing.delivery import DeliveryInput
+    from routing.delivery import DeliveryInput, plain, start_details
     from routing.reroute import RerouteEventsInput, RerouteProgress, RerouteResult, result_of
     from workflows import explain, search
     from workflows.route_delivery import STORE_RETRY, RouteDelivery
@@ -43,9 +43,9 @@ def batch_workflow_id(webhook_id: str) -> str:
 def reroute_start(delivery: DeliveryInput) -> tuple[TypedSearchAttributes, str, str]:
     """Search attributes, summary line and start details of a re-route's RouteDelivery run (Temporal UI).
 
-    The receiver's own (workflows/explain.py: webhook, source, kind, the producer's delivery id) plus
-    SwitchboardRerouteOf, so a search by the producer's id finds the original run and its re-routes. Pure, so
-    RerouteEvents computes the same for its children on replay.
+    The receiver's own (webhook, source, kind, the producer's delivery id) plus SwitchboardRerouteOf, so a search
+    by the producer's id finds the original run and its re-routes. Pure, so RerouteEvents computes the same for
+    its children on replay.
     """
     attrs: list[SearchAttributePair[str]] = [
         SearchAttributePair(search.WEBHOOK_ID, delivery.webhook_id),
@@ -53,19 +53,13 @@ def reroute_start(delivery: DeliveryInput) -> tuple[TypedSearchAttributes, str, 
     ]
     if delivery.kind:
         attrs.append(SearchAttributePair(search.KIND, delivery.kind[:256]))
-    try:
-        envelope = explain.received_envelope(delivery)
-    except Exception:  # a description must never cost a re-route its start
-        envelope = None
-    producer_id = explain.delivery_attribute(delivery, envelope)
-    if producer_id is not None:
+    producer_id = delivery.producer_delivery_id
+    if producer_id and len(producer_id) <= explain.MAX_ATTRIBUTE_CHARS:
         attrs.append(SearchAttributePair(search.DELIVERY_ID, producer_id))
     if delivery.reroute_of:
         attrs.append(SearchAttributePair(search.REROUTE_OF, delivery.reroute_of))
-    original = explain.plain(delivery.reroute_of or "")
-    summary = explain.plain(f"re-route {explain.summary_line(delivery, envelope)}", explain.MAX_SUMMARY_CHARS)
-    details = f"**re-route of** `{original}`\n\n{explain.start_details(delivery)}"
-    return TypedSearchAttributes(attrs), summary, details
+    details = f"**re-route of** `{plain(delivery.reroute_of or '')}`\n\n{start_details(delivery)}"
+    return TypedSearchAttributes(attrs), delivery.summary, details
 
 
 def tally(data: RerouteEventsInput, results: list[RerouteResult]) -> RerouteProgress:
@@ -131,9 +125,7 @@ class RerouteEvents:
                 webhook_id=data.webhook_id,
                 event_id=event_id,
                 batch=data.batch,
-                evaluate_locally=data.evaluate_locally,
                 evaluate_queue_seconds=data.evaluate_queue_seconds,
-                evaluate_path=data.evaluate_path,
             ),
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=STORE_RETRY,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from datetime import timedelta
 
 from temporalio import workflow
@@ -12,7 +11,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities.errors import STORE_REJECTED
-    from activities.models import EvaluateHereInput, LoadGrantInput
+    from activities.models import EvaluateHereInput, LoadGrantInput, QueuedEvaluateInput
     from activities.route import RouteActivities
     from activities.triage import TriageActivities
     from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultCommitInput
@@ -29,12 +28,10 @@ STORE_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=30),
     non_retryable_error_types=["ValidationError", STORE_REJECTED],
 )
-# Marks the code path that ends a refused commit as faulted (histories before it never reach that branch).
-COMMIT_FAULT_PATCH = "commit-refused-ends-faulted"
 EVALUATE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5)
-# LLM triage (SPEC-0020 Phase 2): reached only by runs whose grant has a triage stage, which no run recorded
-# before it could have; patched all the same, so the branch is explicit in every history that takes it.
-LLM_TRIAGE_PATCH = "llm-triage"
+# The fast path is one attempt: whatever goes wrong with it (it raised, it timed out) goes to the fair queue,
+# whose activity has its own retries, so nothing is tried in two places at once.
+LOCAL_TRY_RETRY = RetryPolicy(maximum_attempts=1)
 # One attempt: a model call spends budget, and a failed or timed-out call is an outcome (the default decides).
 TRIAGE_RETRY = RetryPolicy(maximum_attempts=1)
 # The activity bounds its own call (the stage's timeout, capped by SWITCHBOARD_LLM_TIMEOUT_MAX_SECONDS); this
@@ -44,32 +41,15 @@ TRIAGE_DEFAULT_TIMEOUT = timedelta(seconds=60)
 # Waiting for a worker to start it: a delivery must not wait in silence for a model it could route without.
 TRIAGE_QUEUE_WAIT = timedelta(seconds=30)
 
-
-# Rule evaluations run on their own task queue, served in every worker process by a worker whose activity
-# slots equal its sandbox children: a busy process leaves work queued in Temporal instead of faulting it.
+# Rule evaluations that find no free sandbox child on the workflow's worker run on their own task queue, served
+# in every worker process by a worker whose activity slots equal its sandbox children: a busy process leaves
+# work queued in Temporal, handed out fairly across endpoints, instead of faulting it.
 EVALUATE_QUEUE_SUFFIX = "-evaluate"
-EVALUATE_QUEUE_PATCH = "evaluate-task-queue"
-# Local first, fair overflow (SWITCHBOARD_EVALUATE=auto): one local activity evaluates on this worker's free
-# sandbox child, or answers "not admitted" at once, and then the evaluate queue takes it as before. Runs
-# recorded before it have no marker and replay on the queue path they took. Inputs written since DeliveryInput's
-# local_first field take the path without asking the patch (_local_first says why that replays).
-LOCAL_FIRST_PATCH = "evaluate-local-first"
-# The fast path is one attempt: whatever goes wrong with it (it raised, it timed out) goes to the fair queue,
-# whose activity has its own retries, so nothing is tried in two places at once.
-LOCAL_TRY_RETRY = RetryPolicy(maximum_attempts=1)
 
 
 def evaluate_task_queue(task_queue: str) -> str:
-    """The task queue rule evaluations of workflows on ``task_queue`` run on."""
+    """The task queue rule evaluations of workflows on ``task_queue`` overflow to."""
     return task_queue + EVALUATE_QUEUE_SUFFIX
-
-
-def workflow_id_for(webhook_id: str, external_id: str) -> str:
-    """Deterministic workflow id, so concurrent redeliveries join one run."""
-    import hashlib
-
-    digest = hashlib.sha256(external_id.encode()).hexdigest()[:40]
-    return f"delivery-{webhook_id}-{digest}"
 
 
 @workflow.defn(name="RouteDelivery")
@@ -78,6 +58,7 @@ class RouteDelivery:
 
     @workflow.run
     async def run(self, delivery: DeliveryInput) -> CommitResult:
+        self.delivery = delivery
         loaded = await workflow.execute_local_activity_method(
             RouteActivities.load_grant,
             LoadGrantInput(webhook_id=delivery.webhook_id),
@@ -95,9 +76,10 @@ class RouteDelivery:
                 CommitResult(status="no_targets", verified=delivery.verified, trust_mode=delivery.trust_mode)
             )
 
-        # The one routing composition (routing.router); its evaluate step is an activity, decide runs here.
+        # The one routing composition (routing.router); its evaluate and triage steps are activities, decide
+        # runs here. The envelope is built here, once, and only when routing reads it.
         envelope = delivery.envelope() if needs_envelope(grant) else None
-        routed = await route(grant, envelope, functools.partial(self._evaluate, delivery), self._triage)
+        routed = await route(grant, envelope, self._evaluate, self._triage)
         decision = routed.decision
 
         try:
@@ -110,7 +92,7 @@ class RouteDelivery:
             )
         except (ActivityError, ApplicationError) as err:
             refused = _refusal(err)
-            if refused is None or not workflow.patched(COMMIT_FAULT_PATCH):
+            if refused is None:
                 raise
             result = await self._commit_faulted(delivery, decision.trace.get("faults"), refused)
         outcome = result.disposition + (" duplicate" if result.duplicate else "")
@@ -118,51 +100,30 @@ class RouteDelivery:
         if result.rule_id:
             updates.append(search.RULE_ID.value_set(result.rule_id))
         if result.event_id:
-            # Same upsert command as before, one more attribute: replay compares commands, not their values.
             updates.append(search.EVENT_ID.value_set(result.event_id))
         workflow.upsert_search_attributes(updates)
         # Not a command, and never written on replay: the run's one line, with its context and request id.
         workflow.logger.info("delivery decided: %s (rule %s)", outcome, result.rule_id)
         return _explained(result, decision.trace.get("faults"))
 
-    async def _evaluate(self, delivery: DeliveryInput, rules: EvaluateInput) -> Evaluation:
-        """The evaluate step: on this worker's free sandbox child, else on the fair evaluate queue (the receiver
-        may choose one path only: SWITCHBOARD_EVALUATE)."""
-        if delivery.evaluate_locally or delivery.evaluate_path == "local":
-            return await workflow.execute_local_activity_method(
-                RouteActivities.evaluate_rules,
-                rules,
-                start_to_close_timeout=timedelta(seconds=10),
-                retry_policy=EVALUATE_RETRY,
-                summary=_rules_summary(rules),
-            )
-        if delivery.evaluate_path == "auto" and _local_first(delivery):
-            here = await self._evaluate_here(delivery, rules)
-            if here is not None:
-                return here
-            return await self._evaluate_on_queue(delivery, rules, overflow=True)
-        if workflow.patched(EVALUATE_QUEUE_PATCH):
-            return await self._evaluate_on_queue(delivery, rules)
-        return await workflow.execute_activity_method(
-            RouteActivities.evaluate_rules,
-            rules,
-            start_to_close_timeout=timedelta(seconds=10),
-            heartbeat_timeout=timedelta(seconds=3),
-            retry_policy=EVALUATE_RETRY,
-            summary=_rules_summary(rules),
-        )
+    async def _evaluate(self, rules: EvaluateInput) -> Evaluation:
+        """The evaluate step: on a free sandbox child of this worker, else on the fair evaluate queue."""
+        here = await self._evaluate_here(rules)
+        if here is not None:
+            return here
+        return await self._evaluate_on_queue(rules)
 
-    async def _evaluate_here(self, delivery: DeliveryInput, rules: EvaluateInput) -> Evaluation | None:
-        """The fast path: the verdict of this worker's free sandbox child, or None when none is free right now.
+    async def _evaluate_here(self, rules: EvaluateInput) -> Evaluation | None:
+        """The verdict of this worker's free sandbox child, or None when none is free right now.
 
-        A local activity: no task through matching and no start-event read, and its input (the envelope) is not
-        recorded, only its small result in the marker. The sandbox still enforces every per-rule clock; a worker
-        that dies here is noticed by the workflow task timeout, and the next worker replays and evaluates again.
+        A local activity: no task through matching, and its input (the envelope) is not recorded, only its small
+        result in the marker. The sandbox still enforces every per-rule clock; a worker that dies here is noticed
+        by the workflow task timeout, and the next worker replays and evaluates again.
         """
         try:
             here = await workflow.execute_local_activity_method(
                 RouteActivities.evaluate_rules_if_free,
-                EvaluateHereInput(rules=rules, endpoint_id=delivery.endpoint_id),
+                EvaluateHereInput(rules=rules, endpoint_id=self.delivery.endpoint_id),
                 start_to_close_timeout=timedelta(seconds=10),
                 retry_policy=LOCAL_TRY_RETRY,
                 summary=f"{_rules_summary(rules)} on this worker, if a sandbox child is free",
@@ -174,28 +135,26 @@ class RouteDelivery:
             return None
         return here.evaluation if here.admitted and here.evaluation is not None else None
 
-    async def _evaluate_on_queue(
-        self, delivery: DeliveryInput, rules: EvaluateInput, *, overflow: bool = False
-    ) -> Evaluation:
+    async def _evaluate_on_queue(self, rules: EvaluateInput) -> Evaluation:
         """Evaluate on the evaluate task queue, fair across endpoints; a worker that never starts it is busy."""
-        queue_wait = timedelta(seconds=delivery.evaluate_queue_seconds)
+        delivery = self.delivery
         try:
             return await workflow.execute_activity_method(
                 RouteActivities.evaluate_rules,
-                # Without the envelope: the activity rebuilds it from this run's input, so the body is recorded
-                # once (a regular activity's input is recorded; a command's arguments are not compared on replay).
-                rules.model_copy(update={"envelope": None}),
+                # The delivery, not the envelope: a regular activity's input is recorded, and the delivery's size is
+                # bounded by the ingest cap, while an envelope re-serialized from a hostile body is not.
+                QueuedEvaluateInput(delivery=delivery, rules=rules.rules, params=rules.params),
                 task_queue=evaluate_task_queue(workflow.info().task_queue),
                 # Waiting for a slot and running are bounded apart: a flood waits its turn (queueing), while a
                 # worker that died mid-evaluation is still noticed by the heartbeat within seconds.
-                schedule_to_start_timeout=queue_wait,
+                schedule_to_start_timeout=timedelta(seconds=delivery.evaluate_queue_seconds),
                 start_to_close_timeout=timedelta(seconds=10),
                 heartbeat_timeout=timedelta(seconds=3),
                 retry_policy=EVALUATE_RETRY,
                 # The webhook's owning endpoint is the tenant: matching hands out evaluate tasks round-robin
                 # across endpoints with queued work, so one endpoint's backlog cannot hold another's rules.
                 priority=Priority(fairness_key=delivery.endpoint_id),
-                summary=_rules_summary(rules) + (" on the fair queue (no sandbox child was free)" if overflow else ""),
+                summary=_rules_summary(rules) + " on the fair queue (no sandbox child was free)",
             )
         except ActivityError as exc:
             cause = exc.cause
@@ -211,10 +170,8 @@ class RouteDelivery:
             detail = f"evaluation failed after retries: {cause or exc}"[:200]
             return Evaluation(faults=[Fault(rule_index=-1, cause="sandbox_failure", detail=detail)])
 
-    async def _triage(self, request: TriageInput) -> TriageResult | None:
+    async def _triage(self, request: TriageInput) -> TriageResult:
         """The triage step: one attempt of the triage activity; its failure is an outcome, never the run's."""
-        if not workflow.patched(LLM_TRIAGE_PATCH):
-            return None
         config = request.config
         stage_timeout = timedelta(seconds=config.timeout_seconds) if config.timeout_seconds else TRIAGE_DEFAULT_TIMEOUT
         try:
@@ -272,21 +229,6 @@ class RouteDelivery:
             )
 
 
-def _local_first(delivery: DeliveryInput) -> bool:
-    """Whether an "auto" run evaluates local first: always when its input says so (``local_first``), else as the
-    evaluate-local-first patch answers (inputs recorded before the field: their history decides).
-
-    A run whose input says so asks no patch, so it records no marker and no TemporalChangeVersion upsert. Replaying,
-    it asks all the same: a worker from before the field may have run this part of the run and recorded the marker,
-    which the call then matches (answering True); with no marker in the history, a call on replay records nothing.
-    """
-    if not delivery.local_first:
-        return workflow.patched(LOCAL_FIRST_PATCH)
-    if workflow.unsafe.is_replaying():
-        workflow.patched(LOCAL_FIRST_PATCH)
-    return True
-
-
 def _rules_summary(rules: EvaluateInput) -> str:
     """The evaluate activity's line in the UI."""
     count = len(rules.rules)
@@ -294,15 +236,11 @@ def _rules_summary(rules: EvaluateInput) -> str:
 
 
 def _sender(delivery: DeliveryInput) -> list[SearchAttributeUpdate[str]]:
-    """Who sent the delivery, upserted with the decision (the start sets none; runtime/starts.py says why).
-
-    Added to the decision's upsert command, not a command of their own, so histories recorded when these were
-    set at start replay unchanged: replay compares commands, not their values.
-    """
+    """Who sent the delivery, upserted with the decision in the run's one upsert (the start sets none)."""
     updates = [search.WEBHOOK_ID.value_set(delivery.webhook_id), search.SOURCE.value_set(delivery.source)]
     if delivery.kind:
         updates.append(search.KIND.value_set(delivery.kind[: explain.MAX_ATTRIBUTE_CHARS]))
-    if delivery.producer_delivery_id:
+    if delivery.producer_delivery_id and len(delivery.producer_delivery_id) <= explain.MAX_ATTRIBUTE_CHARS:
         updates.append(search.DELIVERY_ID.value_set(delivery.producer_delivery_id))
     return updates
 

@@ -207,13 +207,7 @@ async def reroute_webhook_event(ctx: Context, data: RerouteEventInput) -> Rerout
         return RerouteEventOutput(event_id=original.id, dry_run=True, plan=planned[0])
     settings = ctx.services.settings
     nonce = secrets.token_hex(8)
-    delivery = reroute_input(
-        original,
-        nonce,
-        evaluate_locally=settings.evaluate_locally,
-        evaluate_queue_seconds=settings.evaluate_queue_seconds,
-        evaluate_path=settings.evaluate_path(),
-    )
+    delivery = reroute_input(original, nonce, evaluate_queue_seconds=settings.evaluate_queue_seconds)
     workflow_id = reroute_workflow_id(original.id, nonce)
     attrs, summary, details = reroute_start(delivery)
     handle: WorkflowHandle[Any, CommitResult] = await _started(
@@ -296,9 +290,7 @@ async def reroute_webhook_events(ctx: Context, data: RerouteEventsVerbInput) -> 
                 batch=nonce,
                 matched=len(rows),
                 changed=len(changed),
-                evaluate_locally=settings.evaluate_locally,
                 evaluate_queue_seconds=settings.evaluate_queue_seconds,
-                evaluate_path=settings.evaluate_path(),
                 starts_per_second=STARTS_PER_SECOND,
             ),
             id=workflow_id,

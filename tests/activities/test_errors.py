@@ -19,10 +19,9 @@ from temporalio.testing import ActivityEnvironment
 
 import activities
 from activities.errors import STORE_REJECTED, STORE_UNAVAILABLE, TRANSLATED, VALIDATION_ERROR, application_errors
-from activities.models import LoadGrantInput
+from activities.models import LoadGrantInput, QueuedEvaluateInput
 from activities.route import RouteActivities
 from activities.schedules import PrepareFireInput, RecordFireInput, ScheduleActivities
-from routing.models import EvaluateInput
 from store.db import Pool, open_pool
 from store.deliveries import DeliveryStore
 from store.errors import (
@@ -37,6 +36,7 @@ from store.errors import (
 )
 from store.schedules import ScheduleStore
 from store.webhooks import WebhookStore
+from tests.helpers import delivery_input
 
 SLOT = "2026-01-01T00:00:00Z"
 
@@ -120,7 +120,7 @@ async def test_an_unexpected_failure_is_retried_and_logged_with_its_traceback(
             raise RuntimeError("the sandbox lost its child")
 
     acts = RouteActivities(WebhookStore(pool, box=None), DeliveryStore(pool), Broken())  # type: ignore[arg-type]
-    rules = EvaluateInput(rules=[{"expr": "true", "action": {"queue": "work"}}], envelope={})
+    rules = QueuedEvaluateInput(delivery=delivery_input(), rules=[{"expr": "true", "action": {"queue": "work"}}])
     with caplog.at_level(logging.ERROR), pytest.raises(ApplicationError) as info:
         await _env("evaluate_rules").run(acts.evaluate_rules, rules)
     err = info.value

@@ -15,13 +15,13 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from api.codec import COOKIE
+from routing.delivery import workflow_id_for
 from store.db import open_pool
 from switchboard.codec import ENCODING
 from switchboard.temporal import data_converter
 from tests.conftest import Stack, running_stack
 from tests.helpers import eventually, issue_payload, post_github
 from worker import build_worker
-from workflows.route_delivery import workflow_id_for
 
 MARK = "sealed-marker-title"
 UI = "http://localhost:8233"

@@ -6,7 +6,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from prometheus_client import REGISTRY
@@ -15,7 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 from routing.sandbox import SandboxPool
 from store.db import open_pool
 from tests.conftest import Agent, Stack, running_stack
-from tests.helpers import eventually, issue_payload, post_github
+from tests.helpers import NoFreeChild, eventually, issue_payload, post_github
 from worker import build_worker
 
 # About 30 ms of libjq work on an idle core, under the 50 ms rule timeout; 32 of them spend a whole event
@@ -142,12 +142,13 @@ async def test_an_evaluation_no_worker_starts_in_time_faults_as_sandbox_busy(
     client = temporal_env.client
     async with running_stack(tmp_path, database_url, client, sandbox, with_worker=False) as stack:
         stack.settings.evaluate_queue_seconds = 1.0
-        stack.settings.evaluate = "queue"  # the fast path would evaluate on the workflow worker's own children
         _, hook = await tenant(stack, "bob", "b-lane", B_RULES)
         pool = await open_pool(database_url, max_size=4)
         try:
-            # Only the workflow worker runs: nothing polls the evaluate queue (a stuck or absent evaluate worker).
-            workers = build_worker(client, pool, stack.settings, task_queue=stack.settings.task_queue, sandbox=sandbox)
+            # Only the workflow worker runs, its children all busy: nothing polls the evaluate queue (a stuck or
+            # absent evaluate worker).
+            busy = cast(Any, NoFreeChild(sandbox))
+            workers = build_worker(client, pool, stack.settings, task_queue=stack.settings.task_queue, sandbox=busy)
             async with workers.main:
                 await send(stack, hook, 1, "stuck")
                 await eventually(lambda: len(outcomes(stack, hook["webhook_id"])) == 1, timeout=90)
@@ -183,7 +184,7 @@ async def test_an_evaluation_that_fails_every_attempt_is_decided_as_sandbox_fail
 
 
 async def test_a_delivery_run_starts_with_its_endpoint_as_fairness_key(stack: Stack) -> None:
-    from workflows.route_delivery import workflow_id_for
+    from routing.delivery import workflow_id_for
 
     agent = await stack.agent()
     webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})

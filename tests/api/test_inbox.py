@@ -25,6 +25,7 @@ from routing.delivery import CommitResult
 from runtime.relay import InboxRelay, running_relay
 from runtime.starts import start_delivery
 from store.db import migrate
+from store.deliveries import DeliveryStore
 from store.inbox import InboxStore
 from tests.conftest import Stack, make_settings, running_stack, start_temporal, worker_process_env
 from tests.helpers import eventually, issue_payload, post_github, token_of
@@ -39,6 +40,10 @@ def count(stack: Stack, table: str) -> int:
 
 def inbox(stack: Stack) -> InboxStore:
     return InboxStore(stack.app.state.services.pool)
+
+
+def deliveries(stack: Stack) -> DeliveryStore:
+    return DeliveryStore(stack.app.state.services.pool)
 
 
 async def unreachable_client() -> Client:
@@ -79,7 +84,7 @@ async def test_temporal_frozen_accepts_pending_then_routes_once_without_redelive
     async with (
         dedicated_temporal() as env,
         running_stack(tmp_path, database_url, env.client, sandbox) as stack,
-        running_relay(env.client, inbox(stack), stack.settings),
+        running_relay(env.client, inbox(stack), deliveries(stack), stack.settings),
     ):
         agent = await stack.agent()
         webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
@@ -127,7 +132,7 @@ async def test_temporal_unreachable_accepts_into_the_inbox_and_a_retry_does_not_
     stats = await inbox(stack).stats()
     assert stats.depth == 1 and stats.due == 1 and stats.oldest_age_seconds is not None
     # Temporal answers again (the suite's server): a relay routes the delivery once.
-    async with running_relay(temporal_env.client, inbox(stack), stack.settings):
+    async with running_relay(temporal_env.client, inbox(stack), deliveries(stack), stack.settings):
         await eventually(lambda: count(stack, "events") == 1 and count(stack, "delivery_inbox") == 0, timeout=60)
     assert count(stack, "todos") == 1
     assert (await inbox(stack).stats()).depth == 0
@@ -163,8 +168,8 @@ async def test_two_relays_draining_one_inbox_route_each_delivery_once(
     assert all(a.status_code == 202 and a.json()["pending"] for a in answers)
     assert count(stack, "delivery_inbox") == n
     settings = stack.settings.model_copy(update={"relay_batch": 4, "relay_poll_seconds": 0.05})
-    dying = RelayDyingAfterStarts(temporal_env.client, inbox(stack), settings)
-    steady = InboxRelay(temporal_env.client, inbox(stack), settings)
+    dying = RelayDyingAfterStarts(temporal_env.client, inbox(stack), deliveries(stack), settings)
+    steady = InboxRelay(temporal_env.client, inbox(stack), deliveries(stack), settings)
     tasks = [asyncio.create_task(dying.run()), asyncio.create_task(steady.run())]
     try:
         await eventually(lambda: count(stack, "events") == n and count(stack, "delivery_inbox") == 0, timeout=60)
@@ -291,7 +296,7 @@ async def test_a_webhook_rate_defers_into_the_inbox_and_the_relay_releases_at_th
     again = await post_github(stack.http, webhook, issue_payload(number=3), delivery="paced-3")
     assert again.status_code == 202 and count(stack, "delivery_inbox") == 5
     started = time.monotonic()
-    async with running_relay(temporal_env.client, inbox(stack), stack.settings):
+    async with running_relay(temporal_env.client, inbox(stack), deliveries(stack), stack.settings):
         await eventually(lambda: count(stack, "events") == 6 and count(stack, "delivery_inbox") == 0, timeout=60)
     # The last slot is at least 2 s after the first deferred one: released at the rate, not at once.
     assert time.monotonic() - started >= 1.5

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from psycopg.types.json import Jsonb
 
+from routing.delivery import workflow_id_for
 from tests.api.test_routing_scenarios import RUNAWAY, event_row, fleet, labeled, setup
 from tests.conftest import Agent, Stack
 from tests.helpers import eventually, issue_payload, post_github
 from tests.workflows.replay import handle_for, replay_and_keep
-from workflows.route_delivery import workflow_id_for
 
 ERRORS = {"id": "boom", "name": "gate that errors", "expr": ".issue.number | ascii_downcase", "action": {"drop": True}}
 LOOPS = {"id": "loops", "expr": RUNAWAY, "action": {"drop": True}}

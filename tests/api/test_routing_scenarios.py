@@ -8,10 +8,10 @@ from typing import Any
 
 import psycopg
 
+from routing.delivery import workflow_id_for
 from routing.workorder import WORK_ORDER_AUTHORITY
 from tests.conftest import Agent, Stack
 from tests.helpers import issue_payload, post_github
-from workflows.route_delivery import workflow_id_for
 
 RUNAWAY = "reduce range(1e15) as $i (0; . + 1) > 0"  # loops far past the 50 ms rule timeout
 

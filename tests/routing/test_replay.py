@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -106,7 +105,7 @@ def test_a_stored_event_has_the_envelope_the_receiver_built() -> None:
         verify_detail="ok",
         content_type="application/json",
         headers={"x-github-event": "issues"},
-        body_b64=base64.b64encode(BODY.encode()).decode(),
+        body=BODY.encode(),
         source_ip=None,
         received_at=AT.isoformat(),
     )

@@ -36,18 +36,18 @@ def stored() -> StoredDelivery:
 
 
 def test_a_reroute_input_is_the_delivery_as_received_with_a_slot_of_its_own() -> None:
-    d = reroute_input(stored(), "n1", evaluate_locally=True, evaluate_queue_seconds=7.0)
+    d = reroute_input(stored(), "n1", evaluate_queue_seconds=7.0)
     assert d.reroute_of == "ev_orig" and d.external_id == f"wh_1:evt_1{REROUTE_MARK}n1"
     # Its todos keep the delivery's own key: one live todo per delivery and endpoint.
     assert d.todo_key() == "wh_1:evt_1" and d.idempotency_key == "wh_1:evt_1"
-    assert d.body() == BODY.encode() and d.headers == {"stripe-signature": "«redacted»"}
+    assert d.body == BODY.encode() and d.headers == {"stripe-signature": "«redacted»"}
     # The stored verdict stands (a Stripe replay window would refuse any later re-check).
     assert (d.trust_mode, d.verified, d.verify_detail) == ("signed", True, "")
     assert datetime.fromisoformat(d.received_at) == AT and d.source_ip == "203.0.113.9"
-    assert (d.evaluate_locally, d.evaluate_queue_seconds) == (True, 7.0)
+    assert d.evaluate_queue_seconds == 7.0
     assert d.envelope()["kind"] == "invoice.paid"
     # Another nonce is another slot; an ordinary delivery's todo key is its external id.
-    assert reroute_input(stored(), "n2", evaluate_locally=False, evaluate_queue_seconds=1).external_id.endswith("n2")
+    assert reroute_input(stored(), "n2", evaluate_queue_seconds=1).external_id.endswith("n2")
     assert d.model_copy(update={"idempotency_key": None, "reroute_of": None}).todo_key() == d.external_id
 
 

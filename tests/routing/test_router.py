@@ -119,7 +119,7 @@ _DELIVERY = DeliveryInput(
     verify_detail="ok",
     content_type="application/json",
     headers={},
-    body_b64="e30=",
+    body=b"{}",
     source_ip=None,
     received_at="2026-01-01T00:00:00+00:00",
 )

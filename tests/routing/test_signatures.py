@@ -8,8 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from routing.envelope import parse_payload
 from routing.signatures import GenericHmac, MissingSecret, Verification
-from routing.sources import delivery_id, verify
+from routing.sources import body_fallback_id, producer_delivery_id, verify
 from tests.signing import sign_cairn, sign_generic, sign_gitea, sign_github, sign_slack, sign_stripe
 
 SECRET = b"whsec_" + b"ab" * 32
@@ -318,8 +319,6 @@ def test_signed_sources_without_secret_raise(source: str, secret: bytes | None) 
 def test_unknown_source_type() -> None:
     with pytest.raises(ValueError):
         verify("bitbucket", SECRET, {}, BODY, NOW)
-    with pytest.raises(ValueError):
-        delivery_id("bitbucket", {}, BODY)
 
 
 def _all_failures() -> list[Verification]:
@@ -360,57 +359,62 @@ def _fallback(body: bytes) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
+def _delivery_id(source: str, headers: dict[str, str], body: bytes) -> str:
+    """The id the receiver keys a delivery on: the producer's own, else the body's SHA-256 (body_fallback_id)."""
+    return producer_delivery_id(source, headers, parse_payload(body)) or body_fallback_id(body)
+
+
 def test_delivery_id_cairn_uses_signed_event_id() -> None:
-    assert delivery_id("cairn", {"x-cairn-event-id": "hdr"}, _cairn_body("evt_9")) == "evt_9"
+    assert _delivery_id("cairn", {"x-cairn-event-id": "hdr"}, _cairn_body("evt_9")) == "evt_9"
 
 
 def test_delivery_id_github_and_gitea() -> None:
-    assert delivery_id("github", {"x-github-delivery": "gh-1"}, BODY) == "gh-1"
-    assert delivery_id("gitea", {"x-gitea-delivery": "gt-1"}, BODY) == "gt-1"
+    assert _delivery_id("github", {"x-github-delivery": "gh-1"}, BODY) == "gh-1"
+    assert _delivery_id("gitea", {"x-gitea-delivery": "gt-1"}, BODY) == "gt-1"
     # Each source only trusts its own header.
-    assert delivery_id("github", {"x-gitea-delivery": "gt-1"}, BODY) == _fallback(BODY)
+    assert _delivery_id("github", {"x-gitea-delivery": "gt-1"}, BODY) == _fallback(BODY)
 
 
 def test_delivery_id_stripe_and_slack_from_body() -> None:
-    assert delivery_id("stripe", {}, b'{"id":"evt_stripe","type":"x"}') == "evt_stripe"
-    assert delivery_id("slack", {}, b'{"event_id":"Ev123","type":"event_callback"}') == "Ev123"
+    assert _delivery_id("stripe", {}, b'{"id":"evt_stripe","type":"x"}') == "evt_stripe"
+    assert _delivery_id("slack", {}, b'{"event_id":"Ev123","type":"event_callback"}') == "Ev123"
 
 
 def test_delivery_id_generic_precedence() -> None:
     all_h = {"x-delivery-id": "a", "webhook-id": "b", "ce-id": "c"}
-    assert delivery_id("generic", all_h, BODY) == "a"
-    assert delivery_id("generic", {"webhook-id": "b", "ce-id": "c"}, BODY) == "b"
-    assert delivery_id("generic", {"ce-id": "c"}, BODY) == "c"
+    assert _delivery_id("generic", all_h, BODY) == "a"
+    assert _delivery_id("generic", {"webhook-id": "b", "ce-id": "c"}, BODY) == "b"
+    assert _delivery_id("generic", {"ce-id": "c"}, BODY) == "c"
 
 
 def test_delivery_id_generic_structured_cloudevent() -> None:
     body = b'{"specversion":"1.0","id":"ce-42","type":"t","source":"s"}'
     h = {"content-type": "application/cloudevents+json; charset=utf-8"}
-    assert delivery_id("generic", h, body) == "ce-42"
+    assert _delivery_id("generic", h, body) == "ce-42"
     # A plain JSON body's id is not a delivery id.
-    assert delivery_id("generic", {"content-type": "application/json"}, body) == _fallback(body)
+    assert _delivery_id("generic", {"content-type": "application/json"}, body) == _fallback(body)
 
 
 def test_delivery_id_256_byte_rule() -> None:
     ok = "x" * 256
     too_long = "x" * 257
-    assert delivery_id("github", {"x-github-delivery": ok}, BODY) == ok
-    assert delivery_id("github", {"x-github-delivery": too_long}, BODY) == _fallback(BODY)
-    assert delivery_id("generic", {"x-delivery-id": too_long, "webhook-id": "w"}, BODY) == "w"
+    assert _delivery_id("github", {"x-github-delivery": ok}, BODY) == ok
+    assert _delivery_id("github", {"x-github-delivery": too_long}, BODY) == _fallback(BODY)
+    assert _delivery_id("generic", {"x-delivery-id": too_long, "webhook-id": "w"}, BODY) == "w"
     # Bytes, not characters: 86 three-byte characters are 258 bytes.
-    assert delivery_id("generic", {"webhook-id": "€" * 86}, BODY) == _fallback(BODY)
+    assert _delivery_id("generic", {"webhook-id": "€" * 86}, BODY) == _fallback(BODY)
     body = json.dumps({"id": too_long}).encode()
-    assert delivery_id("stripe", {}, body) == _fallback(body)
+    assert _delivery_id("stripe", {}, body) == _fallback(body)
 
 
 def test_delivery_id_empty_candidates_ignored() -> None:
-    assert delivery_id("generic", {"x-delivery-id": "", "webhook-id": "  ", "ce-id": "c"}, BODY) == "c"
-    assert delivery_id("gitea", {"x-gitea-delivery": ""}, BODY) == _fallback(BODY)
+    assert _delivery_id("generic", {"x-delivery-id": "", "webhook-id": "  ", "ce-id": "c"}, BODY) == "c"
+    assert _delivery_id("gitea", {"x-gitea-delivery": ""}, BODY) == _fallback(BODY)
     body = b'{"event_id":""}'
-    assert delivery_id("slack", {}, body) == _fallback(body)
+    assert _delivery_id("slack", {}, body) == _fallback(body)
 
 
 @pytest.mark.parametrize("source", ["github", "gitea", "stripe", "slack", "cairn", "generic"])
 @pytest.mark.parametrize("body", [b"", b"not json", b'{"id": 5, "event_id": ["x"]}'])
 def test_delivery_id_fallback(source: str, body: bytes) -> None:
-    assert delivery_id(source, {}, body) == _fallback(body)
+    assert _delivery_id(source, {}, body) == _fallback(body)

@@ -16,8 +16,6 @@ from routing.sources import (
     RESERVED_SOURCES,
     SOURCE_TYPES,
     SOURCES,
-    body_fallback_id,
-    delivery_id,
     find_source,
     ingest_wait_seconds,
     producer_delivery_id,
@@ -69,8 +67,6 @@ def test_only_a_collector_row_is_verified_by_a_collector_hmac() -> None:
 def test_reserved_and_unknown_sources_are_never_verified_or_keyed(name: str) -> None:
     with pytest.raises(ValueError):
         verify(name, SECRET, {}, b"{}", NOW)
-    with pytest.raises(ValueError):
-        delivery_id(name, {}, b"{}")
     assert producer_delivery_id(name, {"x-delivery-id": "d"}, {"id": "d"}) is None
 
 
@@ -112,9 +108,6 @@ def test_every_signature_header_is_redacted(name: str) -> None:
 )
 def test_producer_delivery_id(source: str, headers: dict[str, str], document: object, expected: str | None) -> None:
     assert producer_delivery_id(source, headers, document) == expected
-    body = json.dumps(document).encode()
-    # The idempotency key's delivery id is the same producer id, else the body's SHA-256.
-    assert delivery_id(source, headers, body) == (expected if expected is not None else body_fallback_id(body))
 
 
 # -- kind, issue projection, receiver habits -----------------------------------------------------------------

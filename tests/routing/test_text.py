@@ -10,7 +10,7 @@ from routing.collectors import BrokenCollectorConfig, collector_config, delivery
 from routing.envelope import build_envelope, parse_payload, parse_payload_checked, subject_key
 from routing.headers import REDACTED, sanitize_headers
 from routing.models import Fault
-from routing.sources import delivery_id
+from routing.sources import producer_delivery_id
 from routing.text import (
     MAX_DETAIL_CHARS,
     MAX_HEADER_NAME_CHARS,
@@ -144,11 +144,11 @@ def test_kind_is_cleaned_and_capped_for_every_source() -> None:
 
 
 def test_delivery_ids_are_cleaned_before_the_byte_cap() -> None:
-    assert delivery_id("generic", {"x-delivery-id": "a\x00b"}, b"{}") == f"a{F}b"
-    # 100 NULs are 300 bytes once replaced: over the cap, so the body hash is the id.
-    assert delivery_id("generic", {"x-delivery-id": "\x00" * 100}, b"{}").startswith("sha256:")
-    assert delivery_id("cairn", {}, b'{"event_id": "e\\ud800"}') == f"e{F}"
-    assert delivery_id("stripe", {}, b'{"id": "evt\\u0000"}') == f"evt{F}"
+    assert producer_delivery_id("generic", {"x-delivery-id": "a\x00b"}, {}) == f"a{F}b"
+    # 100 NULs are 300 bytes once replaced: over the cap, so the producer sent no usable id (the body hash keys it).
+    assert producer_delivery_id("generic", {"x-delivery-id": "\x00" * 100}, {}) is None
+    assert producer_delivery_id("cairn", {}, parse_payload(b'{"event_id": "e\\ud800"}')) == f"e{F}"
+    assert producer_delivery_id("stripe", {}, parse_payload(b'{"id": "evt\\u0000"}')) == f"evt{F}"
 
 
 def test_sanitize_headers_cleans_caps_and_bounds_and_still_redacts() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -30,7 +29,7 @@ def _delivery(webhook: dict[str, Any], endpoint_id: str, delivery_id: str) -> De
         verify_detail="ok",
         content_type="application/json",
         headers={},
-        body_b64=base64.b64encode(body).decode(),
+        body=body,
         source_ip=None,
         received_at=datetime.now(UTC).isoformat(),
     )

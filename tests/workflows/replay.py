@@ -23,10 +23,9 @@ from temporalio.client import WorkflowHandle, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from routing.delivery import CommitResult
+from routing.delivery import CommitResult, workflow_id_for
 from tests.conftest import Stack
-from worker import WORKFLOWS
-from workflows.route_delivery import workflow_id_for
+from worker import WORKFLOWS, workflow_runner
 
 HISTORIES = Path(__file__).parent / "histories"
 RECORD_ENV = "SWITCHBOARD_WRITE_HISTORIES"
@@ -34,7 +33,7 @@ RECORD_ENV = "SWITCHBOARD_WRITE_HISTORIES"
 
 def replayer() -> Replayer:
     """A replayer with every workflow the worker hosts and the worker's data converter."""
-    return Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    return Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter, workflow_runner=workflow_runner())
 
 
 def recording() -> bool:

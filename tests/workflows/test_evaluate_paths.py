@@ -1,14 +1,13 @@
-"""Local first, fair overflow: which path a delivery's rules take, and that each path keeps its guarantees.
+"""Local first, fair overflow: where a delivery's rules are evaluated, and that each place keeps its guarantees.
 
-The fast path (SWITCHBOARD_EVALUATE=auto, the default) evaluates in a local activity on a free sandbox child of
-the workflow's own worker; with no child free (or someone already waiting for one) it answers "not admitted"
-at once and the run uses the fair evaluate queue as before. A worker killed mid local evaluation is noticed by
-the workflow task timeout, and the next worker evaluates again.
+A run evaluates in a local activity on a free sandbox child of its own worker; with no child free (or someone
+already waiting for one) that activity answers "not admitted" at once and the run evaluates on the fair evaluate
+queue. A worker killed mid local evaluation is noticed by the workflow task timeout, and the next worker
+evaluates again.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -17,20 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from prometheus_client import REGISTRY
-from pydantic import ValidationError
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
-from activities.models import EvaluateHereInput, EvaluateHereResult
-from activities.route import RouteActivities
 from routing.delivery import CommitResult
-from routing.models import EvaluateInput
 from routing.sandbox import SandboxPool
 from store.db import open_pool
-from switchboard.settings import Settings
 from tests.conftest import Stack, running_stack, worker_process_env
 from tests.helpers import eventually, issue_payload, post_github
 from tests.workflows.replay import handle_for, replayer
@@ -112,76 +105,6 @@ async def test_no_free_child_overflows_to_the_fair_queue(
             await replayer().replay_workflow(history)
     finally:
         await pool.close()
-
-
-async def test_forced_queue_mode_never_takes_the_fast_path(stack: Stack) -> None:
-    stack.settings.evaluate = "queue"
-    local, queued = evaluations("local"), evaluations("queue")
-    _, history = await deliver(stack, "forced-queue-1")
-    [attrs] = scheduled(history)
-    assert attrs.heartbeat_timeout.ToSeconds() == 3  # the heartbeating regular activity, as before
-    assert not [e for e in history.events if b"evaluate_rules_if_free" in e.SerializeToString()]
-    assert (evaluations("local"), evaluations("queue")) == (local, queued + 1)
-
-
-async def test_forced_local_mode_counts_as_local_forced(stack: Stack) -> None:
-    stack.settings.evaluate = "local"
-    forced = evaluations("local_forced")
-    _, history = await deliver(stack, "forced-local-1")
-    assert scheduled(history) == []
-    assert evaluations("local_forced") == forced + 1
-
-
-def test_the_evaluate_setting_and_its_older_name() -> None:
-    assert Settings().evaluate_path() == "auto"
-    assert Settings(evaluate="queue").evaluate_path() == "queue"
-    assert Settings(evaluate_locally=True).evaluate_path() == "local"
-    assert Settings(evaluate="local").evaluate_path() == "local"
-    # Contradicting names, or a path that does not exist, refuse to start.
-    with pytest.raises(ValidationError, match="contradicts"):
-        Settings(evaluate_locally=True, evaluate="queue")
-    with pytest.raises(ValidationError):
-        Settings(evaluate="sometimes")  # type: ignore[arg-type]
-
-
-class _Held:
-    """A sandbox whose fast path holds until released, to see what the activity admits meanwhile."""
-
-    slots = 2
-
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-        self.running = 0
-
-    async def evaluate(self, *_: Any, **__: Any) -> Any:
-        raise AssertionError("not the queue path")
-
-    async def evaluate_if_free(self, *_: Any) -> Any:
-        from routing.models import Evaluation
-
-        self.running += 1
-        await self.release.wait()
-        return Evaluation(matched_index=0)
-
-
-async def test_one_endpoint_holds_at_most_its_cap_of_fast_path_evaluations() -> None:
-    held = _Held()
-    route = RouteActivities(None, None, held, local_per_endpoint=1)  # type: ignore[arg-type]
-    rules = EvaluateInput(rules=RULES, envelope=ENVELOPE)
-
-    async def here(endpoint: str) -> EvaluateHereResult:
-        return await route.evaluate_rules_if_free(EvaluateHereInput(rules=rules, endpoint_id=endpoint))
-
-    first = asyncio.create_task(here("ep_a"))
-    await eventually(lambda: held.running == 1)
-    # Endpoint A is at its cap: its next delivery spills to the fair queue; endpoint B still gets the fast path.
-    assert (await here("ep_a")).admitted is False
-    other = asyncio.create_task(here("ep_b"))
-    await eventually(lambda: held.running == 2)
-    held.release.set()
-    assert (await first).admitted and (await other).admitted
-    again = await here("ep_a")
-    assert again.admitted  # the cap counts evaluations running, not evaluations made
 
 
 async def test_a_worker_killed_mid_local_evaluation_is_replaced_and_nothing_is_lost(

@@ -2,71 +2,45 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import uuid
 from typing import Any
 
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from routing.delivery import CommitResult, DeliveryInput, TodoRef
+from routing.delivery import MAX_SUMMARY_CHARS, CommitResult, TodoRef, start_details, summary_line
 from tests.conftest import Stack
-from tests.helpers import issue_payload, post_github
+from tests.helpers import delivery_input, issue_payload, post_github
 from workflows import explain, search
 
 
-def _delivery(payload: Any, *, source: str = "github", headers: dict[str, str] | None = None) -> DeliveryInput:
-    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    return DeliveryInput(
-        webhook_id="wh_x",
-        endpoint_id="ep_x",
-        source=source,
-        kind=None,
-        external_id="wh_x:d-1",
-        trust_mode="signed",
-        verified=True,
-        verify_detail="hmac-sha256",
-        content_type="application/json",
-        headers=headers if headers is not None else {"x-github-event": "issues", "x-github-delivery": "d-1"},
-        body_b64=base64.b64encode(body).decode(),
-        source_ip=None,
-        received_at="2026-01-01T00:00:00+00:00",
-    )
-
-
-def _summary(delivery: DeliveryInput) -> str:
-    return explain.summary_line(delivery, explain.received_envelope(delivery))
+def _summary(payload: Any, source: str = "github", kind: str | None = "issues") -> str:
+    return summary_line(source, kind, payload)
 
 
 def test_summary_names_source_kind_action_and_subject() -> None:
-    assert _summary(_delivery(issue_payload(number=12))) == "github issues opened acme/app#12"
+    assert _summary(issue_payload(number=12)) == "github issues opened acme/app#12"
+    cairn = {"kind": "artifact.shared", "data": {"id": "art_9"}}
+    assert _summary(cairn, source="cairn", kind="artifact.shared") == "cairn artifact.shared cairn:art_9"
 
 
 def test_summary_of_a_pull_request_and_of_a_body_that_is_not_json() -> None:
-    pr = _delivery(
-        {"action": "closed", "pull_request": {"number": 3}, "repository": {"full_name": "acme/app"}},
-        headers={"x-github-event": "pull_request"},
-    )
-    assert _summary(pr) == "github pull_request closed acme/app#3"
-    assert _summary(_delivery(b"\xff not json", headers={})) == "github"
+    pr = {"action": "closed", "pull_request": {"number": 3}, "repository": {"full_name": "acme/app"}}
+    assert _summary(pr, kind="pull_request") == "github pull_request closed acme/app#3"
+    assert _summary(None, kind=None) == "github"
 
 
 def test_producer_text_cannot_put_links_or_lines_into_the_ui() -> None:
     hostile = issue_payload(action="opened\n# [click](https://evil.example)<img>")
-    line = _summary(_delivery(hostile))
+    line = _summary(hostile)
     assert "\n" not in line and "](" not in line and "<img>" not in line
     assert line.startswith("github issues opened # \\[click\\]\\(")
-    assert len(_summary(_delivery(issue_payload(action="x" * 5000)))) <= 2 * explain.MAX_SUMMARY_CHARS
+    assert len(_summary(issue_payload(action="x" * 5000))) <= 2 * MAX_SUMMARY_CHARS
 
 
-def test_producer_delivery_id_is_the_attribute_and_a_huge_body_is_not_parsed_again() -> None:
-    delivery = _delivery(issue_payload())
-    assert explain.delivery_attribute(delivery, explain.received_envelope(delivery)) == "d-1"
-    assert explain.delivery_attribute(_delivery(issue_payload(), headers={}), None) is None
-    huge = _delivery(b'{"pad": "' + b"x" * (explain.MAX_DESCRIBED_BODY + 10) + b'"}')
-    assert explain.received_envelope(huge) is None
-    assert explain.summary_line(huge, None) == "github"
+def test_start_details_say_where_the_delivery_came_from() -> None:
+    details = start_details(delivery_input(b'{"a": 1}', webhook_id="wh_x", external_id="wh_x:d-1"))
+    assert "`wh_x`" in details and "`wh_x:d-1`" in details and "verified yes" in details and "8 bytes" in details
 
 
 def test_end_details_name_decision_rule_event_todos_and_faults() -> None:

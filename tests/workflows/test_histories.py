@@ -9,11 +9,10 @@ How to change workflow code against these pins: docs/workflows.md.
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from psycopg.types.json import Jsonb
@@ -26,7 +25,7 @@ from routing.delivery import CommitResult, DeliveryInput
 from routing.reroute import RerouteEventsInput, RerouteProgress
 from store.db import open_pool
 from tests.conftest import Agent, Stack, running_stack
-from tests.helpers import issue_payload, post_github
+from tests.helpers import NoFreeChild, issue_payload, post_github
 from tests.workflows.replay import (
     HISTORIES,
     committed,
@@ -42,14 +41,11 @@ from workflows.route_delivery import RouteDelivery
 from workflows.schedules import FireSchedule, fire_workflow_id
 from workflows.upkeep import PruneRetention, ReapTodos
 
-# Workflow path → its committed history. Older recordings of a path (from code before a patch) stay beside
-# these as <name>_pre_<patch>.json and replay too, until the patch is removed (docs/workflows.md).
+# Workflow path → its committed history (docs/workflows.md says when a path is re-recorded).
 PATHS = {
     "RouteDelivery: no rules, the target queue (default)": "route_delivery_default.json",
-    "RouteDelivery: a rule matches (evaluate task queue)": "route_delivery_rules_activity.json",
-    "RouteDelivery: a rule matches (local evaluation)": "route_delivery_rules_local.json",
-    "RouteDelivery: a rule matches (local first: a free sandbox child)": "route_delivery_rules_local_first.json",
-    "RouteDelivery: a rule matches (local first: no free child, the fair queue)": "route_delivery_rules_overflow.json",
+    "RouteDelivery: a rule matches (a free sandbox child on the run's worker)": "route_delivery_rules.json",
+    "RouteDelivery: a rule matches (no free child: the fair evaluate queue)": "route_delivery_rules_overflow.json",
     "RouteDelivery: a rule drops": "route_delivery_drop.json",
     "RouteDelivery: a redelivery of a committed delivery": "route_delivery_redelivery.json",
     "RouteDelivery: a once-key already claimed (repeat)": "route_delivery_once_repeat.json",
@@ -116,104 +112,35 @@ async def _kept(stack: Stack, webhook: dict[str, Any], delivery: str, name: str,
     return result
 
 
-async def test_record_rule_match_on_the_evaluate_queue(stack: Stack) -> None:
-    stack.settings.evaluate = "queue"
+async def test_record_rule_match_on_a_free_child(stack: Stack) -> None:
     agent = await stack.agent()
-    hook = await _webhook(agent, [ISSUES_RULE])
-    await _deliver(stack, hook, "match-1")
-    result = await _kept(stack, hook, "match-1", PATHS["RouteDelivery: a rule matches (evaluate task queue)"], "routed")
-    assert result.created == 1 and result.rule_id == "issues"
-
-
-async def test_record_rule_match_evaluated_locally(stack: Stack) -> None:
-    stack.settings.evaluate_locally = True
-    agent = await stack.agent()
-    hook = await _webhook(agent, [ISSUES_RULE])
-    await _deliver(stack, hook, "local-1")
-    result = await _kept(stack, hook, "local-1", PATHS["RouteDelivery: a rule matches (local evaluation)"], "routed")
-    assert result.created == 1 and result.rule_id == "issues"
-
-
-async def test_record_rule_match_local_first_on_a_free_child(stack: Stack) -> None:
-    agent = await stack.agent()  # default settings: SWITCHBOARD_EVALUATE=auto
     hook = await _webhook(agent, [ISSUES_RULE])
     await _deliver(stack, hook, "first-1")
-    path = PATHS["RouteDelivery: a rule matches (local first: a free sandbox child)"]
+    path = PATHS["RouteDelivery: a rule matches (a free sandbox child on the run's worker)"]
     result = await _kept(stack, hook, "first-1", path, "routed")
     assert result.created == 1 and result.rule_id == "issues"
     history = await handle_for(stack, hook["webhook_id"], "first-1").fetch_history()
     assert not [e for e in history.events if e.HasField("activity_task_scheduled_event_attributes")]
-    # The receiver wrote local_first: no patch marker, and the run's one upsert is its decision's (no
-    # TemporalChangeVersion: a visibility write less per delivery).
-    assert _patch_ids(history) == []
+    # No patch markers, and the run's one upsert is its decision's (no TemporalChangeVersion).
+    assert not [
+        e
+        for e in history.events
+        if e.HasField("marker_recorded_event_attributes")
+        and e.marker_recorded_event_attributes.marker_name == "core_patch"
+    ]
     [upsert] = [e for e in history.events if e.HasField("upsert_workflow_search_attributes_event_attributes")]
     fields = upsert.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
     assert "TemporalChangeVersion" not in fields and "SwitchboardDecision" in fields
 
 
-def _patch_ids(history: Any) -> list[str]:
-    """The patch ids whose markers a history records, in order."""
-    ids = []
-    for event in history.events:
-        if event.HasField("marker_recorded_event_attributes"):
-            marker = event.marker_recorded_event_attributes
-            if marker.marker_name == "core_patch":
-                ids.append(json.loads(marker.details["patch-data"].payloads[0].data)["id"])
-    return ids
-
-
-def _with_input(name: str, **fields: Any) -> Any:
-    """A committed RouteDelivery history whose recorded input has ``fields`` set (as a receiver of newer code
-    would have written it)."""
-    history = committed(name)
-    started = history.events[0].workflow_execution_started_event_attributes
-    [payload] = started.input.payloads
-    payload.data = json.dumps({**json.loads(payload.data), **fields}).encode()
-    return history
-
-
-async def test_a_local_first_input_replays_on_a_history_an_older_worker_wrote_with_the_patch_marker() -> None:
-    # A rolling deploy in the wrong order: a new receiver wrote local_first, an old worker ran the run (and asked
-    # the patch, recording its marker), and a new worker now replays it. The call on replay matches the marker.
-    for name in (
-        "route_delivery_rules_local_first_pre_local_first_field.json",
-        "route_delivery_rules_overflow_pre_local_first_field.json",
-    ):
-        history = _with_input(name, local_first=True)
-        assert _patch_ids(history) == ["evaluate-local-first"]
-        await replayer().replay_workflow(history)
-    # And the runs new workers record (no marker) replay with the field as recorded.
-    for name in ("route_delivery_rules_local_first.json", "route_delivery_rules_overflow.json"):
-        history = committed(name)
-        assert _patch_ids(history) == []
-        assert json.loads(history.events[0].workflow_execution_started_event_attributes.input.payloads[0].data)[
-            "local_first"
-        ]
-        await replayer().replay_workflow(history)
-
-
-class _NoFreeChild:
-    """The real sandbox, whose fast path never finds a free child (every child busy, or someone waiting)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.slots = inner.slots
-
-    async def evaluate(self, *args: Any, **kwargs: Any) -> Any:
-        return await self.inner.evaluate(*args, **kwargs)
-
-    async def evaluate_if_free(self, *_: Any) -> Any:
-        return None
-
-
 async def test_record_rule_match_overflowing_to_the_fair_queue(
     tmp_path: Path, database_url: str, temporal_env: WorkflowEnvironment, sandbox: Any
 ) -> None:
-    async with running_stack(tmp_path, database_url, temporal_env.client, _NoFreeChild(sandbox)) as stack:
+    async with running_stack(tmp_path, database_url, temporal_env.client, NoFreeChild(sandbox)) as stack:
         agent = await stack.agent()
         hook = await _webhook(agent, [ISSUES_RULE])
         await _deliver(stack, hook, "overflow-1")
-        path = PATHS["RouteDelivery: a rule matches (local first: no free child, the fair queue)"]
+        path = PATHS["RouteDelivery: a rule matches (no free child: the fair evaluate queue)"]
         result = await _kept(stack, hook, "overflow-1", path, "routed")
         assert result.created == 1 and result.rule_id == "issues"
         history = await handle_for(stack, hook["webhook_id"], "overflow-1").fetch_history()
@@ -222,8 +149,11 @@ async def test_record_rule_match_overflowing_to_the_fair_queue(
             for e in history.events
             if e.HasField("activity_task_scheduled_event_attributes")
         ]
+        # The evaluate queue, the owning endpoint as fairness key, and queueing bounded apart from running.
         assert scheduled.task_queue.name == f"{stack.settings.task_queue}-evaluate"
         assert scheduled.priority.fairness_key == agent.endpoint_id
+        assert scheduled.schedule_to_start_timeout.ToSeconds() == stack.settings.evaluate_queue_seconds
+        assert scheduled.heartbeat_timeout.ToSeconds() == 3
 
 
 async def test_record_default_without_rules(stack: Stack) -> None:
@@ -330,13 +260,12 @@ async def test_record_evaluation_no_worker_starts(
 ) -> None:
     async with running_stack(tmp_path, database_url, temporal_env.client, sandbox, with_worker=False) as stack:
         stack.settings.evaluate_queue_seconds = 1.0
-        stack.settings.evaluate = "queue"  # the fast path would evaluate on the workflow worker's own children
         agent = await stack.agent()
         hook = await _webhook(agent, [ISSUES_RULE])
         pool = await open_pool(database_url, max_size=4)
         try:
-            # Only the workflow worker runs: nothing polls the evaluate queue.
-            async with build_worker(stack.temporal, pool, stack.settings, sandbox=sandbox).main:
+            # Only the workflow worker runs, its children all busy: nothing polls the evaluate queue.
+            async with build_worker(stack.temporal, pool, stack.settings, sandbox=cast(Any, NoFreeChild(sandbox))).main:
                 await _deliver(stack, hook, "stuck-1")
                 handle = handle_for(stack, hook["webhook_id"], "stuck-1")
                 result = await handle.result()
@@ -349,7 +278,8 @@ async def test_record_evaluation_no_worker_starts(
 
 
 class _BrokenSandbox:
-    """A sandbox whose every evaluation raises: each attempt of the evaluate activity fails."""
+    """A sandbox whose every evaluation raises: each attempt of the evaluate activity fails (it has no fast path,
+    so every run overflows to the evaluate queue)."""
 
     slots = 2
 
@@ -361,7 +291,6 @@ async def test_record_evaluation_fails_every_attempt(
     tmp_path: Path, database_url: str, temporal_env: WorkflowEnvironment
 ) -> None:
     async with running_stack(tmp_path, database_url, temporal_env.client, _BrokenSandbox()) as stack:
-        stack.settings.evaluate = "queue"
         agent = await stack.agent()
         hook = await _webhook(agent, [ISSUES_RULE])
         await _deliver(stack, hook, "broken-1")
@@ -476,7 +405,7 @@ async def test_record_fire_joining_a_running_child(stack: Stack) -> None:
             verify_detail="schedule",
             content_type="application/json",
             headers={},
-            body_b64="e30=",
+            body=b"{}",
             source_ip=None,
             received_at=datetime.now(UTC).isoformat(),
         ),

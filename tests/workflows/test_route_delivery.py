@@ -80,7 +80,7 @@ async def test_search_attributes_and_replay(stack: Stack) -> None:
     webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
     resp = await post_github(stack.http, webhook, issue_payload(), delivery="replay-1")
     assert resp.status_code == 202
-    from workflows.route_delivery import workflow_id_for
+    from routing.delivery import workflow_id_for
 
     handle = stack.temporal.get_workflow_handle(
         workflow_id_for(webhook["webhook_id"], f"{webhook['webhook_id']}:replay-1")
@@ -104,49 +104,3 @@ async def test_search_attributes_and_replay(stack: Stack) -> None:
     sender = {"SwitchboardWebhookId", "SwitchboardSource", "SwitchboardKind", "SwitchboardDeliveryId"}
     assert sender | {"SwitchboardDecision", "SwitchboardEventId"} <= upserts[0]
     await replay_and_keep(handle, "route_delivery_default.json")
-
-
-async def test_rules_evaluate_on_the_queue_locally_or_local_first_with_the_same_decision(stack: Stack) -> None:
-    from temporalio.api.enums.v1 import EventType
-
-    from workflows.route_delivery import workflow_id_for
-
-    agent = await stack.agent()
-    webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
-    rules = [
-        {"id": "never", "expr": ".payload.nope == 1", "action": {"drop": True}},
-        {"id": "issues", "expr": '.kind == "issues"', "action": {"queue": "work"}},
-    ]
-    await agent.ok("set_webhook_rules", {"webhook_id": webhook["webhook_id"], "rules": rules})
-    kinds = {}
-    files = {"queue": "activity", "local": "local", "auto": "local_first"}
-    for mode in ("queue", "local", "auto"):
-        # Forced local under its older name, SWITCHBOARD_EVALUATE_LOCALLY=true; the others by SWITCHBOARD_EVALUATE.
-        stack.settings.evaluate_locally = mode == "local"
-        stack.settings.evaluate = "local" if mode == "local" else mode  # type: ignore[assignment]
-        delivery = f"mode-{mode}"
-        resp = await post_github(stack.http, webhook, issue_payload(), delivery=delivery)
-        assert resp.status_code == 202 and resp.json()["created"] == 1
-        handle = stack.temporal.get_workflow_handle(
-            workflow_id_for(webhook["webhook_id"], f"{webhook['webhook_id']}:{delivery}")
-        )
-        history = await replay_and_keep(handle, f"route_delivery_rules_{files[mode]}.json")
-        kinds[mode] = {e.event_type for e in history.events}
-        scheduled = [
-            e.activity_task_scheduled_event_attributes
-            for e in history.events
-            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-        ]
-        if mode == "queue":
-            # The evaluate queue, with the owning endpoint as fairness key, and queueing bounded apart from running.
-            [attrs] = scheduled
-            assert attrs.task_queue.name == f"{stack.settings.task_queue}-evaluate"
-            assert attrs.priority.fairness_key == agent.endpoint_id
-            assert attrs.schedule_to_start_timeout.ToSeconds() == stack.settings.evaluate_queue_seconds
-            assert attrs.heartbeat_timeout.ToSeconds() == 3
-        [(trace,)] = stack.sql("SELECT routing_trace FROM events WHERE id = %s", resp.json()["event_id"])
-        assert trace["stage"] == "rule" and trace["rule_id"] == "issues"
-    assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED in kinds["queue"]
-    # An idle worker takes the fast path: no activity task through matching, as when forced local.
-    assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in kinds["local"]
-    assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in kinds["auto"]
