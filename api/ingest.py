@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -25,6 +26,7 @@ from routing.signatures import MissingSecret
 from routing.sources import body_fallback_id, find_source, ingest_wait_seconds, producer_delivery_id, verify
 from routing.text import MAX_HEADER_VALUE_CHARS, clean_optional
 from runtime.starts import is_outage, start_delivery, start_refusal
+from store.db import bounded
 from store.deliveries import DeliveryStore
 from store.errors import StoreUnavailable
 from store.inbox import InboxReason, InboxStore
@@ -51,6 +53,12 @@ def check_body_cap(settings: Settings) -> None:
             f"SWITCHBOARD_INGEST_BODY_MAX={settings.ingest_body_max}: a delivery that large travels to its workflow "
             f"as {needed} bytes, over Temporal's {TEMPORAL_PAYLOAD_LIMIT}-byte payload limit; at most {largest} fits"
         )
+
+
+def _database_bound(settings: Settings) -> contextlib.AbstractAsyncContextManager[None]:
+    """The bound on one database step of ingest: with PostgreSQL down or hung, 503 within about the pool timeout
+    (inside a producer's window), never after psycopg's own cancellation waits."""
+    return bounded(settings.db_pool_timeout + 0.25)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -226,7 +234,7 @@ def _is_url_verification(payload: Any) -> bool:
 
 async def _lookup(webhooks: WebhookStore, settings: Settings, token: str) -> IngestWebhook | None:
     # Bounded: with PostgreSQL down the producer hears 503 within about the pool timeout, not after a hang.
-    async with asyncio.timeout(settings.db_pool_timeout + 0.25):
+    async with _database_bound(settings):
         return await webhooks.get_for_ingest(token)
 
 
@@ -245,7 +253,7 @@ async def _to_inbox(
 ) -> JSONResponse:
     """Accept into the PostgreSQL inbox (one statement); 503 only when PostgreSQL cannot take it either."""
     try:
-        async with asyncio.timeout(settings.db_pool_timeout + 0.25):
+        async with _database_bound(settings):
             fresh = await inbox.put(workflow_id, delivery, reason)
     except _UNAVAILABLE:
         log.exception("neither Temporal nor PostgreSQL could take a delivery", extra={"workflow_id": workflow_id})
@@ -278,7 +286,7 @@ async def start_and_wait(
     workflow_id = delivery.workflow_id
     if rate > 0:
         try:
-            async with asyncio.timeout(settings.db_pool_timeout + 0.25):
+            async with _database_bound(settings):
                 deferred = await inbox.pace(workflow_id, delivery, rate=rate, burst=settings.webhook_rate_burst)
         except _UNAVAILABLE:
             return _error(503, "routing is unavailable, retry later")
@@ -335,7 +343,7 @@ async def _refused(
         extra={"workflow_id": delivery.workflow_id, "error": error.error_message},
     )
     try:
-        async with asyncio.timeout(settings.db_pool_timeout + 0.25):
+        async with _database_bound(settings):
             result = await deliveries.commit_faulted(error)
     except _UNAVAILABLE:
         # The inbox's relay meets the same refusal and stores the faulted event once PostgreSQL answers.

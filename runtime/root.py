@@ -157,7 +157,12 @@ async def api_resources(settings: Settings, *, temporal: Client | None = None) -
     url = _database_url(settings)
     tracing.install(tracing.API)  # before the pools and the client: both are instrumented when they are made
     async with contextlib.AsyncExitStack() as stack:
-        pool = await open_pool(url, max_size=settings.db_pool_max, pool_timeout=settings.db_pool_timeout)
+        pool = await open_pool(
+            url,
+            max_size=settings.db_pool_max,
+            pool_timeout=settings.db_pool_timeout,
+            statement_timeout=settings.db_statement_timeout,
+        )
         stack.push_async_callback(pool.close)
         # Lazy: the API comes up (and accepts deliveries into the inbox) even while Temporal is unreachable.
         client = temporal

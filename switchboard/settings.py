@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     db_pool_max: int = 10
     # How long a request waits for a working database connection before answering 503.
     db_pool_timeout: float = 1.5
+    # PostgreSQL cancels an API statement running longer; a request's use of the database (the wait for a
+    # connection, then its statements) ends within db_pool_timeout + this, also while PostgreSQL hangs (then 503).
+    db_statement_timeout: float = Field(default=5.0, gt=0, le=600)
     # Each /healthz dependency check is cut off after this long.
     health_timeout_seconds: float = 0.8
     api_worker: bool = True

@@ -319,9 +319,21 @@ async def reroute_webhook_events(ctx: Context, data: RerouteEventsVerbInput) -> 
     return answer
 
 
-async def _result(client: Client, workflow_id: str, result_type: type[BaseModel]) -> Any:
+async def _result(client: Client, workflow_id: str, result_type: type[BaseModel], rpc_timeout: timedelta) -> Any:
     """The result of a closed run (the latest, following continue-as-new), decoded as ``result_type``."""
-    return await client.get_workflow_handle(workflow_id, result_type=result_type).result()
+    return await _answered(
+        client.get_workflow_handle(workflow_id, result_type=result_type).result(rpc_timeout=rpc_timeout)
+    )
+
+
+async def _answered(call: Any) -> Any:
+    """A Temporal read, its outage (unreachable, or no answer within its rpc timeout) answered as unavailable."""
+    try:
+        return await call
+    except RPCError as exc:
+        if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+            raise DomainError("Temporal is unavailable, retry later", code="unavailable") from exc
+        raise
 
 
 async def _progress(handle: WorkflowHandle[Any, Any]) -> RerouteProgress | None:
@@ -354,8 +366,9 @@ async def get_reroute(ctx: Context, data: GetRerouteInput) -> GetRerouteOutput:
     if not data.workflow_id.startswith("reroute-"):
         raise NotFound(WORKFLOW_NOT_FOUND)
     handle: WorkflowHandle[Any, Any] = client.get_workflow_handle(data.workflow_id)
+    rpc_timeout = timedelta(seconds=ctx.services.settings.temporal_start_timeout_seconds)
     try:
-        desc = await handle.describe()
+        desc = await _answered(handle.describe(rpc_timeout=rpc_timeout))
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             raise NotFound(WORKFLOW_NOT_FOUND) from None
@@ -375,12 +388,14 @@ async def get_reroute(ctx: Context, data: GetRerouteInput) -> GetRerouteOutput:
     out = GetRerouteOutput(workflow_id=data.workflow_id, kind=kind, status=status)
     if kind == "events":
         if status == "completed":
-            out.progress = RerouteProgress.model_validate(await _result(client, data.workflow_id, RerouteProgress))
+            out.progress = RerouteProgress.model_validate(
+                await _result(client, data.workflow_id, RerouteProgress, rpc_timeout)
+            )
         elif status == "running":
             out.progress = await _progress(handle)
         return out
     if status == "completed":
         assert original is not None
-        committed = CommitResult.model_validate(await _result(client, data.workflow_id, CommitResult))
+        committed = CommitResult.model_validate(await _result(client, data.workflow_id, CommitResult, rpc_timeout))
         out.result = result_of(original, data.workflow_id, committed)
     return out

@@ -168,6 +168,11 @@ def fire_schedule(row: ScheduleRow, task_queue: str) -> Schedule:
     )
 
 
+def _rpc_timeout(ctx: Context) -> timedelta:
+    """How long a schedule call waits for Temporal before answering unavailable."""
+    return timedelta(seconds=ctx.services.settings.temporal_start_timeout_seconds)
+
+
 def _client(ctx: Context) -> Client:
     client = ctx.services.temporal
     if client is None:
@@ -196,7 +201,11 @@ async def create_schedule(ctx: Context, data: CreateScheduleInput) -> ScheduleOu
         payload=data.payload,
     )
     try:
-        await client.create_schedule(row.temporal_schedule_id, fire_schedule(row, ctx.services.settings.task_queue))
+        await client.create_schedule(
+            row.temporal_schedule_id,
+            fire_schedule(row, ctx.services.settings.task_queue),
+            rpc_timeout=_rpc_timeout(ctx),
+        )
     except RPCError as exc:
         await store.discard(row.id)
         if exc.status == RPCStatusCode.INVALID_ARGUMENT:
@@ -244,7 +253,7 @@ async def delete_schedule(ctx: Context, data: DeleteScheduleInput) -> DeleteSche
     row = await store.owned(ctx.caller, data.schedule_id)
     # Temporal first: if it is unreachable the row stays and a retry finishes the job.
     try:
-        await client.get_schedule_handle(row.temporal_schedule_id).delete()
+        await client.get_schedule_handle(row.temporal_schedule_id).delete(rpc_timeout=_rpc_timeout(ctx))
     except RPCError as exc:
         if exc.status != RPCStatusCode.NOT_FOUND:
             log.exception("could not delete Temporal schedule %s", row.temporal_schedule_id)
