@@ -5,13 +5,11 @@ Both paths are signed GitHub issues deliveries of a realistic ~25 KB payload ove
 child), the other has 32 rules evaluated in the sandbox, first-match-wins, matching on the last. Rounds
 alternate so drift in the shared dev server hits both alike.
 
-    python bench/ingest_rules.py [--deliveries 600] [--rounds 4] [--concurrency 8] [--evaluate auto|queue|local]
-        [--client raw|httpx]
-    python bench/ingest_rules.py --flood [--deliveries 40] [--evaluate auto|queue|local]
+    python bench/ingest_rules.py [--deliveries 600] [--rounds 4] [--concurrency 8] [--client raw|httpx]
+    python bench/ingest_rules.py --flood [--deliveries 40]
 
---evaluate picks the evaluate path (SWITCHBOARD_EVALUATE; default auto, the shipped default: a free sandbox
-child of the worker first, the fair evaluate queue otherwise); the run prints how many evaluations took each
-path (switchboard_evaluations_total of the dev process).
+The run prints how many evaluations took each path (a free sandbox child of the worker, or the fair evaluate queue:
+switchboard_evaluations_total of the dev process).
 
 --flood measures fairness instead: endpoint B's p50 with one sender (32 realistic rules, match on the last)
 alone, then while endpoint A floods its own webhook with 32 slow rules from 16 senders; it also counts B's
@@ -23,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 import uuid
@@ -34,11 +31,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._stack import cpu_seconds, dev_stack, drive, percentile, post_signed_issue, process_name, wires_or_httpx
+from bench._stack import dev_stack, drive, percentile, post_signed_issue, wires_or_httpx
 from bench.ingest import cpu_by_process, stack_pids
-from routing.delivery import DeliveryInput
-from switchboard.settings import Settings
-from switchboard.temporal import connect
 from tests.signing import sign_github
 
 
@@ -123,37 +117,6 @@ def cpu_now(pids: list[int]) -> dict[str, float]:
         kind = "sandbox" if "sandbox" in kind or "routing" in kind else kind
         out[kind] = out.get(kind, 0.0) + used
     return out
-
-
-async def history_reads(stack: Any, n: int, concurrency: int) -> dict[str, Any]:
-    """What evaluate_rules's read of the start event costs (activities/route.py started_delivery): the same call
-    (GetWorkflowExecutionHistory, one event) and decode, on `n` finished RouteDelivery runs of this run."""
-    os.environ.update(stack.env)
-    client = await connect(Settings(), stack.temporal_address)
-    runs = []
-    async for wf in client.list_workflows("WorkflowType='RouteDelivery'", limit=n):
-        runs.append((wf.id, wf.run_id))
-    temporal = [p for p in stack_pids(stack.pid, str(stack.home)) if "temporal" in process_name(p)]
-    it = iter(runs)
-
-    async def one(_: int) -> None:
-        wf_id, run_id = next(it)
-        handle = client.get_workflow_handle(wf_id, run_id=run_id)
-        async for event in handle.fetch_history_events(page_size=1):
-            started = event.workflow_execution_started_event_attributes
-            [delivery] = await client.data_converter.decode(started.input.payloads, [DeliveryInput])
-            assert isinstance(delivery, DeliveryInput)
-            break
-
-    server0, bench0 = sum(cpu_seconds(p) for p in temporal), time.process_time()
-    took, lat = await drive(len(runs), concurrency, one)
-    return {
-        "n": len(runs),
-        "rate": len(runs) / took,
-        "p50": percentile(lat, 0.5),
-        "server_ms": 1000 * (sum(cpu_seconds(p) for p in temporal) - server0) / max(1, len(runs)),
-        "client_ms": 1000 * (time.process_time() - bench0) / max(1, len(runs)),
-    }
 
 
 async def evaluation_paths(http: httpx.AsyncClient, base: str) -> dict[str, float]:
@@ -342,14 +305,11 @@ async def flood_figures(base: str, cred_a: str, cred_b: str, args: argparse.Name
 def main_flood(args: argparse.Namespace) -> None:
     """Print B's p50/p99 alone and under A's flood, and how many of B's deliveries missed B's rule."""
     verbs = ["create_webhook", "set_webhook_rules", "list_webhook_events"]
-    with dev_stack(evaluate_env(args)) as stack:
+    with dev_stack() as stack:
         cred_a = str(stack.vend(["work"], verbs)["credential"])
         cred_b = str(stack.vend(["work"], verbs)["credential"])
         res = asyncio.run(flood_figures(stack.base, cred_a, cred_b, args))
-    print(
-        f"\nfairness: endpoint B, one sender, {args.deliveries} deliveries per phase, 32 rules (match on the last), "
-        f"evaluate path {args.evaluate}"
-    )
+    print(f"\nfairness: endpoint B, one sender, {args.deliveries} deliveries per phase, 32 rules (match on the last)")
     print(f"{'phase':<44} {'p50 ms':>8} {'p99 ms':>8}")
     for name, label in (("alone", "B alone"), ("flooded", "B while A floods (16 senders, 32 slow rules)")):
         print(f"{label:<44} {percentile(res[name], 0.5):>8.1f} {percentile(res[name], 0.99):>8.1f}")
@@ -360,18 +320,6 @@ def main_flood(args: argparse.Namespace) -> None:
     print(f"sandbox_busy faults on any delivery of A or B: {res['busy']}   (target 0)")
 
 
-PATH_NAMES = {
-    "auto": "a free sandbox child first, the fair evaluate queue otherwise",
-    "queue": "always the heartbeating activity on the fair evaluate queue",
-    "local": "always a local activity",
-}
-
-
-def evaluate_env(args: argparse.Namespace) -> dict[str, str]:
-    """The dev process's SWITCHBOARD_EVALUATE for the chosen path."""
-    return {"SWITCHBOARD_EVALUATE": args.evaluate}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deliveries", type=int, default=600, help="per path, split over the rounds")
@@ -379,31 +327,18 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument(
-        "--evaluate",
-        choices=["auto", "queue", "local"],
-        default="auto",
-        help="the evaluate path (SWITCHBOARD_EVALUATE): auto (shipped: local first, fair overflow), queue, local",
-    )
-    parser.add_argument("--evaluate-locally", action="store_true", help="the same as --evaluate local")
-    parser.add_argument(
-        "--history-reads", type=int, default=300, help="then time this many start-event reads (0: none)"
-    )
-    parser.add_argument(
         "--client", choices=("raw", "httpx"), default="raw", help="the producers' HTTP client (bench/_stack.Wire)"
     )
     parser.add_argument("--flood", action="store_true", help="measure endpoint B's latency under endpoint A's flood")
     args = parser.parse_args()
-    if args.evaluate_locally:
-        args.evaluate = "local"
     if args.flood:
         args.deliveries = min(args.deliveries, 40) if args.deliveries == 600 else args.deliveries
         main_flood(args)
         return
-    with dev_stack(evaluate_env(args)) as stack:
+    with dev_stack() as stack:
         endpoint = stack.vend(["work"], ["create_webhook", "set_webhook_rules", "test_webhook_rules"])
         pids = stack_pids(stack.pid, str(stack.home))
         res = asyncio.run(run_all(stack.base, str(endpoint["credential"]), args, pids))
-        reads = asyncio.run(history_reads(stack, args.history_reads, args.concurrency)) if args.history_reads else None
     rows = []
     for name, label in (
         ("none", "no rules (no evaluate activity)"),
@@ -413,8 +348,7 @@ def main() -> None:
         rows.append((label, len(lat) / res["elapsed"][name], percentile(lat, 0.5), percentile(lat, 0.99)))
     print(
         f"\ningest with rules: {len(res['lat']['none'])} deliveries per path in {args.rounds} alternating rounds, "
-        f"concurrency {args.concurrency}, {res['body_size'] / 1024:.1f} KB GitHub issues payload, dev server, "
-        f"evaluate path {args.evaluate} ({PATH_NAMES[args.evaluate]})\n"
+        f"concurrency {args.concurrency}, {res['body_size'] / 1024:.1f} KB GitHub issues payload, dev server\n"
     )
     print(f"{'path':<44} {'deliveries/s':>12} {'p50 ms':>8} {'p99 ms':>8}")
     for label, rate, p50, p99 in rows:
@@ -428,12 +362,6 @@ def main() -> None:
     for kind in kinds:
         a, b = (1000 * res["cpu"][p].get(kind, 0.0) / max(1, len(res["lat"][p])) for p in ("none", "rules"))
         print(f"{kind[:44]:<44} {a:>10.2f} {b:>10.2f} {b - a:>+10.2f}")
-    if reads:
-        print(
-            f"\nstart-event read (evaluate_rules's history read), {reads['n']} runs at concurrency {args.concurrency}: "
-            f"{reads['rate']:.1f} reads/s, p50 {reads['p50']:.1f} ms, Temporal server CPU {reads['server_ms']:.2f} ms "
-            f"and reader CPU {reads['client_ms']:.2f} ms per read"
-        )
 
 
 if __name__ == "__main__":
