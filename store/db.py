@@ -54,6 +54,7 @@ async def _check_connection(conn: AsyncConnection[DictRow]) -> None:
         await AsyncConnectionPool.check_connection(conn)
 
 
+@translates_errors
 @contextlib.asynccontextmanager
 async def bounded(seconds: float) -> AsyncIterator[None]:
     """Run the block for at most ``seconds``, also while PostgreSQL hangs; past that, StoreUnavailable.
@@ -143,7 +144,7 @@ async def open_pool(
 @translates_errors
 async def ping(pool: Pool, *, wait: float) -> None:
     """One round trip on a pool connection within `wait` seconds in all, also while PostgreSQL hangs."""
-    async with bounded(wait), pool.connection(timeout=wait) as conn:
+    async with bounded(wait), pool.connection() as conn:
         await conn.execute("SELECT 1")
 
 

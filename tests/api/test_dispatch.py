@@ -60,6 +60,8 @@ async def test_admin_verbs_are_never_agent_verbs_tools_or_scopes(live_stack: Sta
         "set_llm_provider",
         "list_llm_providers",
         "delete_llm_provider",
+        "list_parked_deliveries",
+        "requeue_parked_delivery",
     }
     assert set(ADMIN_VERBS).isdisjoint(REGISTRY) and set(VERBS) == set(ADMIN_VERBS) | set(REGISTRY)
     agent = await live_stack.agent()

@@ -304,9 +304,8 @@ async def test_an_unreachable_server_is_unavailable() -> None:
     unreachable: Pool = AsyncConnectionPool("postgresql://127.0.0.1:1/nothing?connect_timeout=1", open=False)
     await unreachable.open(wait=False)
     try:
-        with pytest.raises(StoreUnavailable) as info:
+        with pytest.raises(StoreUnavailable, match=r"did not answer within 0\.5 s"):
             await store.db.ping(unreachable, wait=0.5)
-        assert isinstance(info.value.__cause__, PoolTimeout)
     finally:
         await unreachable.close()
 
