@@ -110,7 +110,14 @@ async def run(provider: Provider, model: str, seconds: float) -> dict[str, Any]:
         verdict = judge(stage, result, granted)
         answered = (verdict.record.get("answer") or {}).get("queue")
         rows.append(
-            {"title": title, "label": label, "answer": answered, "outcome": verdict.record["outcome"], "s": took}
+            {
+                "title": title,
+                "label": label,
+                "answer": answered,
+                "outcome": verdict.record["outcome"],
+                "detail": verdict.record.get("detail"),
+                "s": took,
+            }
         )
     return {"rows": rows}
 
@@ -136,6 +143,8 @@ def report(rows: list[dict[str, Any]], model: str, base_url: str) -> None:
     print(f"  accuracy above the floor              {accuracy - floor:+.2f}  (offered only at +0.30 or more)")
     print(f"  answers                               {dict(sorted(answers.items()))}")
     print(f"  outcomes                              {dict(sorted(outcomes.items()))}")
+    for detail in sorted({r["detail"] for r in rows if r["detail"]}):
+        print(f"  detail                                {detail}")
     print(
         f"  seconds per call p50 / max            {percentile(seconds, 0.5):.2f} / {max(seconds):.2f}"
         f"  (one at a time, {sum(seconds):.1f} s in all)"
