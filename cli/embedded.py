@@ -318,6 +318,21 @@ def stop_leftovers(marker: Path) -> list[str]:
     servers an earlier `switchboard dev` started and did not outlive. Each stopped one, as a sentence."""
     import psutil
 
+    def ended(process: psutil.Process) -> bool:
+        # A zombie has ended: only its parent (not this process) has not reaped it yet.
+        try:
+            return bool(process.status() == psutil.STATUS_ZOMBIE)
+        except psutil.NoSuchProcess:
+            return True
+
+    def wait(process: psutil.Process, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not ended(process):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
     notes = []
     for process in psutil.process_iter(["pid", "cmdline"]):
         cmdline = process.info.get("cmdline") or []
@@ -326,12 +341,10 @@ def stop_leftovers(marker: Path) -> list[str]:
         name = " ".join(cmdline)[:120]
         with contextlib.suppress(psutil.Error):
             process.send_signal(signal.SIGINT)  # PostgreSQL's fast shutdown; the Temporal dev server's stop
-            try:
-                process.wait(timeout=30)
-            except psutil.TimeoutExpired:
+            if not wait(process, 30):
                 process.kill()
-                process.wait(timeout=10)
-            notes.append(f"stopped pid {process.pid} ({name}), left running by an earlier run")
+                wait(process, 10)
+        notes.append(f"stopped pid {process.pid} ({name}), left running by an earlier run")
     return notes
 
 
