@@ -1,4 +1,5 @@
-"""`switchboard dev` end to end, as a newcomer runs it: embedded stack, CLI vending, a webhook, Ctrl-C, restart."""
+"""`switchboard dev` end to end, as a newcomer runs it: embedded stack, CLI vending, a webhook, Ctrl-C, restart;
+and as a supervisor, with real processes and pids: a taken port, a SIGKILLed dev, a server that dies, a leftover."""
 
 from __future__ import annotations
 
