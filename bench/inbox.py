@@ -206,7 +206,7 @@ async def main() -> None:
                 await pool.close()
         finally:
             await env.shutdown()
-            server.cleanup()
+            server.stop()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from routing.titles import todo_title
 
 SCHEMA_NAME = "triage_answer"
 PAYLOAD_MAX_CHARS = 4000
-"""Full payload text, when the owner enabled it, is cut here (the embedded model reads 2,048 tokens in all)."""
+"""Full payload text, when the owner enabled it, is cut here (about a thousand tokens: small models fit it)."""
 FIELD_MAX_CHARS = 200
 MAX_LABELS = 20
 REASON_MAX_CHARS = 300

@@ -84,7 +84,7 @@ def build_stores(pool: Pool, settings: Settings) -> Stores:
         inbox=InboxStore(pool),
         deliveries=DeliveryStore(pool),
         doorbell=DoorbellStore(pool),
-        llm=LlmStore(pool, box, webhooks, offer_embedded=settings.llm_embedded),
+        llm=LlmStore(pool, box, webhooks),
     )
 
 

@@ -22,7 +22,7 @@ from store.errors import Forbidden, InvalidArgument, NotFound, translates_errors
 from store.models import Caller
 from store.rules import UNKNOWN_WEBHOOK
 from store.webhooks import WebhookStore
-from switchboard.llm import EMBEDDED, Provider, embedded_available, embedded_provider
+from switchboard.llm import Provider
 
 PROVIDER_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 MAX_MODELS = 32
@@ -63,7 +63,6 @@ class ProviderInfo(BaseModel):
     timeout_seconds: float
     models: list[str]
     has_api_key: bool
-    builtin: bool = False
     webhooks: int = 0  # webhooks whose triage names it
 
 
@@ -146,16 +145,10 @@ def check_triage_queues(queues: list[TriageQueue], grant: Grant) -> list[TriageQ
 class LlmStore:
     """Providers (keys sealed with the server key), each webhook's triage stage, and the budget counters."""
 
-    def __init__(self, pool: Pool, box: SecretBox, webhooks: WebhookStore, *, offer_embedded: bool = True) -> None:
+    def __init__(self, pool: Pool, box: SecretBox, webhooks: WebhookStore) -> None:
         self.pool = pool
         self.box = box
         self.webhooks = webhooks
-        # The built-in provider is offered where its extra is installed (and the operator did not turn it off).
-        self.offer_embedded = offer_embedded
-
-    def _builtin(self) -> Provider | None:
-        """The built-in provider when this process offers it."""
-        return embedded_provider() if self.offer_embedded and embedded_available() else None
 
     # --- the provider registry (operator) ---
 
@@ -164,8 +157,6 @@ class LlmStore:
         self, name: str, base_url: str, api_key: str | None, timeout_seconds: float, models: list[str]
     ) -> ProviderInfo:
         """Create or replace a provider; a key given is sealed, a key omitted keeps the stored one."""
-        if name == EMBEDDED:
-            raise InvalidArgument("embedded is the built-in provider; choose another name")
         if not PROVIDER_NAME.match(name):
             raise InvalidArgument("name must be 1-63 lowercase letters, digits, '.', '_' or '-'")
         url = check_base_url(base_url)
@@ -188,7 +179,7 @@ class LlmStore:
 
     @translates_errors
     async def list_providers(self) -> list[ProviderInfo]:
-        """Every provider (the built-in one first, when offered), with how many webhooks use it; never a key."""
+        """Every provider, with how many webhooks use it; never a key."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 "SELECT p.name, p.base_url, p.timeout_seconds, p.models,"
@@ -197,32 +188,11 @@ class LlmStore:
                 " FROM llm_providers p ORDER BY p.name"
             )
             rows = await cur.fetchall()
-            cur = await conn.execute(
-                "SELECT count(*)::int AS n FROM webhook_llm_triage WHERE provider = %s", (EMBEDDED,)
-            )
-            embedded_uses = await cur.fetchone()
-        out = [ProviderInfo(**r) for r in rows]
-        builtin = self._builtin()
-        if builtin is not None:
-            out.insert(
-                0,
-                ProviderInfo(
-                    name=builtin.name,
-                    base_url=builtin.base_url,
-                    timeout_seconds=builtin.timeout_seconds,
-                    models=list(builtin.models),
-                    has_api_key=False,
-                    builtin=True,
-                    webhooks=embedded_uses["n"] if embedded_uses else 0,
-                ),
-            )
-        return out
+        return [ProviderInfo(**r) for r in rows]
 
     @translates_errors
     async def delete_provider(self, name: str) -> None:
         """Remove a provider at once; triage naming it then takes the default (llm_error) until reconfigured."""
-        if name == EMBEDDED:
-            raise InvalidArgument("embedded is the built-in provider; it cannot be deleted")
         async with self.pool.connection() as conn:
             cur = await conn.execute("DELETE FROM llm_providers WHERE name = %s RETURNING name", (name,))
             if await cur.fetchone() is None:
@@ -231,8 +201,6 @@ class LlmStore:
     @translates_errors
     async def provider(self, name: str) -> Provider | None:
         """The provider with its key opened; None when unknown (or its key no longer opens)."""
-        if name == EMBEDDED:
-            return self._builtin()
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 "SELECT name, base_url, api_key_ciphertext, timeout_seconds, models FROM llm_providers WHERE name = %s",
@@ -266,12 +234,8 @@ class LlmStore:
             raise NotFound(UNKNOWN_WEBHOOK)
         return grant
 
-    @translates_errors
-    async def set_triage(
-        self, caller: Caller, webhook_id: str, request: TriageSetting, ceilings: Ceilings
-    ) -> TriageConfig:
-        """Validate a triage stage exactly as it will run (granted queues, known provider and model, ceilings)
-        and save it under the webhook's row lock; a refusal changes nothing."""
+    async def _check_setting(self, request: TriageSetting, ceilings: Ceilings) -> None:
+        """A triage stage's settings within the operator's ceilings, naming a known provider and one of its models."""
         if not 0 <= request.threshold <= 1:
             raise InvalidArgument("threshold must be between 0 and 1")
         if request.per_minute < 0 or request.per_day < 0:
@@ -290,6 +254,14 @@ class LlmStore:
             raise InvalidArgument(f"provider {provider.name} does not offer model {request.model}")
         if not request.model:
             raise InvalidArgument("model must not be empty")
+
+    @translates_errors
+    async def set_triage(
+        self, caller: Caller, webhook_id: str, request: TriageSetting, ceilings: Ceilings
+    ) -> TriageConfig:
+        """Validate a triage stage exactly as it will run (granted queues, known provider and model, ceilings)
+        and save it under the webhook's row lock; a refusal changes nothing."""
+        await self._check_setting(request, ceilings)
         async with self.pool.connection() as conn, conn.transaction():
             await conn.execute(
                 "SELECT id FROM endpoint_webhooks WHERE id = %s AND state = 'live' FOR UPDATE", (webhook_id,)
@@ -314,6 +286,27 @@ class LlmStore:
             saved = await self._triage_on(conn, webhook_id)
         assert saved is not None
         return saved
+
+    @translates_errors
+    async def candidate_triage(
+        self, caller: Caller, webhook_id: str, request: TriageSetting, ceilings: Ceilings
+    ) -> tuple[TriageConfig, Grant]:
+        """A triage stage validated exactly as set_triage would save it, and the webhook's grant; nothing saved."""
+        async with self.pool.connection() as conn:
+            grant = await self._owned_grant(conn, caller, webhook_id)
+        await self._check_setting(request, ceilings)
+        queues = check_triage_queues(request.queues, grant)
+        stage = TriageConfig(
+            provider=request.provider,
+            model=request.model,
+            queues=queues,
+            threshold=request.threshold,
+            per_minute=request.per_minute,
+            per_day=request.per_day,
+            include_payload=request.include_payload,
+            timeout_seconds=request.timeout_seconds,
+        )
+        return stage, grant
 
     @translates_errors
     async def get_triage(self, caller: Caller, webhook_id: str) -> TriageConfig | None:

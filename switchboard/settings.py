@@ -113,8 +113,6 @@ class Settings(BaseSettings):
     llm_triage_per_minute_max: int = Field(default=60, ge=0, le=100_000)
     llm_triage_per_day_max: int = Field(default=5_000, ge=0, le=10_000_000)
     llm_timeout_max_seconds: float = Field(default=30.0, gt=0, le=600)
-    # Offer the built-in provider "embedded" (the local model of the optional `llm` extra) when it is installed.
-    llm_embedded: bool = True
     log_level: str = "INFO"
     # A worker process's metrics listener (GET any path on SWITCHBOARD_HTTP_HOST:port); 0 = none. API processes
     # serve /metrics on their HTTP port, and an API-hosted worker shares it.

@@ -33,7 +33,7 @@ ALL_VERBS = None  # resolved lazily from the registry
 def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     server, _ = start_postgres(tmp_path_factory.mktemp("pg") / "data", database="postgres")
     yield server
-    server.cleanup()
+    server.stop()
 
 
 @pytest.fixture(scope="session")

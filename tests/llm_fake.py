@@ -7,6 +7,8 @@ Each request to ``POST /v1/chat/completions`` is recorded and answered by the cu
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -106,3 +108,45 @@ def fake_provider() -> Iterator[FakeProvider]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# A provider process of its own that dies of SIGSEGV the moment a chat call arrives, as a native model server
+# with a bad build does: it prints its port, then serves until that first call.
+_CRASHING = r"""
+import os, signal, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+server = HTTPServer(("127.0.0.1", 0), Handler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+@dataclass
+class CrashingProvider:
+    """A provider process that dies of SIGSEGV mid-call; ``proc`` is the real OS process."""
+
+    proc: subprocess.Popen[str]
+    base_url: str
+
+
+@contextmanager
+def crashing_provider() -> Iterator[CrashingProvider]:
+    """Run a provider process that segfaults on its first chat call, for the block."""
+    proc = subprocess.Popen([sys.executable, "-c", _CRASHING], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        yield CrashingProvider(proc=proc, base_url=f"http://127.0.0.1:{port}/v1")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

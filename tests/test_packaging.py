@@ -324,8 +324,8 @@ def _undeclared(files: list[Path], allowed: set[str], lazy_only: set[str]) -> li
 
 def test_every_import_of_the_product_is_declared_in_project_dependencies() -> None:
     files = [f for where in package_dirs().values() for f in ([where] if where.is_file() else where.rglob("*.py"))]
-    # The optional extras (the embedded servers, the local model) may only be imported where used.
-    assert _undeclared(files, DEPENDENCIES, lazy_only=EXTRAS[EXTRA] | EXTRAS["llm"]) == []
+    # The optional extra (the embedded servers) may only be imported where used.
+    assert _undeclared(files, DEPENDENCIES, lazy_only=EXTRAS[EXTRA]) == []
 
 
 def test_every_import_of_tests_and_benchmarks_is_declared() -> None:
@@ -342,3 +342,23 @@ def test_constraints_pin_every_declared_dependency_exactly() -> None:
     assert "switchboard" not in pinned
     declared = DEPENDENCIES | set().union(*EXTRAS.values())
     assert declared - pinned == set(), 'not pinned: refresh constraints.txt (README "Constraints")'
+
+
+def test_the_install_builds_nothing_native_and_holds_no_model() -> None:
+    # The extras are the dev tools and the embedded servers: no model runs in switchboard's processes.
+    assert sorted(EXTRAS) == ["dev", EXTRA]
+    # Every installed distribution came from a portable binary wheel (manylinux, musllinux, or pure Python); a
+    # bare linux_* tag is a wheel built on this host from source, whose machine code may fit this CPU only.
+    built_here = []
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if normalize(name) == "switchboard":
+            continue
+        tags = [
+            line.split(":", 1)[1].strip()
+            for line in (dist.read_text("WHEEL") or "").splitlines()
+            if line.startswith("Tag:")
+        ]
+        if not tags or any(tag.split("-")[-1].startswith("linux_") for tag in tags):
+            built_here.append(f"{name} {tags}")
+    assert built_here == []

@@ -387,11 +387,11 @@ async def list_endpoints(ctx: AdminContext, data: ListEndpointsInput) -> ListEnd
 
 # --- LLM provider registry (SPEC-0020 Phase 2; keys sealed at rest and never returned) ---
 
+LLM_HELP = "LLM providers (operator) and triage previews (owner)"
+
 
 class SetLlmProviderInput(AdminInput):
-    name: str = Field(
-        min_length=1, max_length=63, description="lowercase letters, digits, '.', '_', '-'; not 'embedded'"
-    )
+    name: str = Field(min_length=1, max_length=63, description="lowercase letters, digits, '.', '_', '-'")
     base_url: str = Field(
         min_length=1, max_length=2000, description="the OpenAI-compatible API base, e.g. https://api.openai.com/v1"
     )
@@ -414,7 +414,6 @@ class LlmProviderOut(BaseModel):
     timeout_seconds: float
     models: list[str]
     has_api_key: bool
-    builtin: bool = Field(description="the embedded local model (the llm extra), not a registered row")
     webhooks: int = Field(description="webhooks whose LLM triage names this provider")
 
 
@@ -437,7 +436,7 @@ class DeleteLlmProviderInput(AdminInput):
     summary="Register or replace an OpenAI-compatible model provider; its key is sealed and never shown again.",
     cli=CliCommand(
         "llm",
-        "LLM providers",
+        LLM_HELP,
         "set",
         "register or replace a model provider (OpenAI-compatible Chat Completions)",
         (
@@ -460,8 +459,8 @@ async def set_llm_provider(ctx: AdminContext, data: SetLlmProviderInput) -> LlmP
     "list_llm_providers",
     input=ListLlmProvidersInput,
     output=ListLlmProvidersOutput,
-    summary="Every model provider (the built-in embedded one first, when installed), never a key.",
-    cli=CliCommand("llm", "LLM providers", "list", "list model providers (never their keys)"),
+    summary="Every registered model provider, never a key.",
+    cli=CliCommand("llm", LLM_HELP, "list", "list model providers (never their keys)"),
 )
 async def list_llm_providers(ctx: AdminContext, data: ListLlmProvidersInput) -> ListLlmProvidersOutput:
     providers = await ctx.services.llm.list_providers()
@@ -473,7 +472,7 @@ async def list_llm_providers(ctx: AdminContext, data: ListLlmProvidersInput) -> 
     input=DeleteLlmProviderInput,
     output=OkOutput,
     summary="Remove a model provider at once; triage naming it takes the default (llm_error) until reconfigured.",
-    cli=CliCommand("llm", "LLM providers", "delete", "remove a model provider", (CliArg("name"),)),
+    cli=CliCommand("llm", LLM_HELP, "delete", "remove a model provider", (CliArg("name"),)),
 )
 async def delete_llm_provider(ctx: AdminContext, data: DeleteLlmProviderInput) -> OkOutput:
     await ctx.services.llm.delete_provider(data.name)

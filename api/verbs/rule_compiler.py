@@ -34,12 +34,10 @@ from routing.router import evaluator
 from routing.rules import MAX_NAME_BYTES, Candidate
 from store.errors import DomainError, InvalidArgument
 from store.rules import RuleConfig, validated_grant
-from switchboard.llm import EMBEDDED, LlmError, Provider, chat_json
+from switchboard.llm import LlmError, Provider, chat_json
 
 # A filter is longer than a triage answer; a strong model needs a few hundred tokens for a nested one.
 MAX_TOKENS = 1200
-# The embedded model reads a 2048-token context: its grounding lists fewer paths (shallow ones first).
-EMBEDDED_MAX_PATHS = 40
 SAMPLE_DEFAULT = 10
 SAMPLE_MAX = 50
 SCHEMA_NAME = "switchboard_rule"
@@ -270,8 +268,7 @@ async def compile_webhook_rule(ctx: Context, data: CompileRuleInput) -> CompileR
     saved = await ctx.services.rules.read(ctx.caller, data.webhook_id)
     provider, model, values = await model_for(ctx, data)
     sample = await _sample(ctx, data.webhook_id, data.sample)
-    most = EMBEDDED_MAX_PATHS if provider.name == EMBEDDED else filters.MAX_PATHS
-    grounded = sample.grounded(values=values, max_paths=most)
+    grounded = sample.grounded(values=values)
     paths = [g.path for g in grounded]
     queues = saved.grant.queues()
     kinds_seen = sample.kinds()

@@ -199,7 +199,7 @@ async def test_postgres_and_temporal_down_answers_503_fast_and_healthz_within_a_
             stack = Stack(settings, http, None, url, app)  # type: ignore[arg-type]
             agent = await stack.agent()
             webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
-            await asyncio.to_thread(server.cleanup)  # stops PostgreSQL
+            await asyncio.to_thread(server.stop)  # stops PostgreSQL
             stopped = True
             for n in range(3):
                 resp, took = await timed(post_github(http, webhook, issue_payload(number=n)))
@@ -214,7 +214,7 @@ async def test_postgres_and_temporal_down_answers_503_fast_and_healthz_within_a_
             assert health.json() == {"status": "degraded", "postgres": "unavailable", "temporal": "unavailable"}
     finally:
         if not stopped:
-            await asyncio.to_thread(server.cleanup)
+            await asyncio.to_thread(server.stop)
 
 
 async def test_slack_is_answered_inside_its_window_and_others_inside_the_default_wait(

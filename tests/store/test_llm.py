@@ -23,7 +23,7 @@ async def llm(database_url: str) -> AsyncIterator[LlmStore]:
     pool: Pool = await open_pool(database_url, max_size=8)
     box = SecretBox(secrets.token_hex(32))
     try:
-        yield LlmStore(pool, box, WebhookStore(pool, box), offer_embedded=False)
+        yield LlmStore(pool, box, WebhookStore(pool, box))
     finally:
         await pool.close()
 
@@ -54,10 +54,10 @@ async def test_provider_key_sealed_at_rest_and_never_listed(llm: LlmStore, datab
 
 
 async def test_provider_validation_and_delete(llm: LlmStore) -> None:
-    for name, url in [("embedded", "http://x"), ("Bad Name", "http://x"), ("ok", "ftp://x"), ("ok", "http://u:p@x")]:
+    for name, url in [("Bad Name", "http://x"), ("ok", "ftp://x"), ("ok", "http://u:p@x")]:
         with pytest.raises(InvalidArgument):
             await llm.set_provider(name, url, None, 5, [])
-    assert await llm.provider("embedded") is None  # not offered by this store
+    assert await llm.provider("embedded") is None  # no built-in provider: only registered rows exist
     await llm.set_provider("local", "http://127.0.0.1:1/v1", None, 5, [])
     await llm.delete_provider("local")
     assert await llm.provider("local") is None
