@@ -64,7 +64,8 @@ async def test_a_frozen_postgres_answers_503_within_the_documented_bounds_then_r
     tmp_path: Path, temporal_env: WorkflowEnvironment
 ) -> None:
     data_dir = tmp_path / "pg"
-    server, url = await asyncio.to_thread(start_postgres, data_dir, "sb_frozen")
+    # Started from this (the main) thread: the server ends with the thread that started it.
+    server, url = start_postgres(data_dir, "sb_frozen")
     try:
         await asyncio.to_thread(migrate, url)
         target = temporal_env.client.service_client.config.target_host
@@ -103,4 +104,4 @@ async def test_a_frozen_postgres_answers_503_within_the_documented_bounds_then_r
             assert resp.status_code == 202, resp.text
             assert (await http.get("/healthz")).status_code in (200, 503)  # Temporal's half is not this test's
     finally:
-        await asyncio.to_thread(server.cleanup)
+        await asyncio.to_thread(server.stop)
