@@ -23,6 +23,7 @@ from store.identity import IdentityStore
 from store.inbox import InboxStore
 from store.llm import LlmStore
 from store.models import Caller
+from store.reconcilers import ReconcilerStore
 from store.routes import RouteStore
 from store.rules import RuleStore
 from store.schedules import ScheduleStore
@@ -54,6 +55,7 @@ class Services:
     schedules: ScheduleStore
     inbox: InboxStore
     llm: LlmStore
+    reconcilers: ReconcilerStore
     # The rule verbs' own sandbox (dry-run, backtest, save-time compiles); deliveries evaluate on the workers.
     rule_sandbox: SandboxPool
     admission: Admission
@@ -89,6 +91,7 @@ class Services:
             schedules=stores.schedules,
             inbox=stores.inbox,
             llm=stores.llm,
+            reconcilers=stores.reconcilers,
             rule_sandbox=resources.rule_sandbox,
             admission=Admission(settings.ingest_max_inflight, settings.ingest_start_backoff_seconds),
             ingest_limits=TokenBuckets(settings.ingest_rate_per_second, settings.ingest_rate_burst),

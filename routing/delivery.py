@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from typing import Any, Literal, Protocol
 
@@ -16,6 +17,12 @@ from routing.models import Decision, EventDisposition
 CommitStatus = Literal["committed", "gone", "no_targets"]
 # Where RouteDelivery evaluates rules (SWITCHBOARD_EVALUATE): local first with fair overflow, the queue, local.
 EvaluatePath = Literal["auto", "queue", "local"]
+
+
+def workflow_id_for(webhook_id: str, external_id: str) -> str:
+    """The RouteDelivery workflow id of a delivery: deterministic, so concurrent redeliveries join one run."""
+    digest = hashlib.sha256(external_id.encode()).hexdigest()[:40]
+    return f"delivery-{webhook_id}-{digest}"
 
 
 class Received(Protocol):

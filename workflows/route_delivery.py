@@ -16,6 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.route import RouteActivities
     from activities.triage import TriageActivities
     from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultCommitInput
+    from routing.delivery import workflow_id_for as workflow_id_for  # re-exported: callers name it here
     from routing.models import EvaluateInput, Evaluation, Fault
     from routing.router import needs_envelope, route
     from routing.triage import TriageInput, TriageResult
@@ -62,14 +63,6 @@ LOCAL_TRY_RETRY = RetryPolicy(maximum_attempts=1)
 def evaluate_task_queue(task_queue: str) -> str:
     """The task queue rule evaluations of workflows on ``task_queue`` run on."""
     return task_queue + EVALUATE_QUEUE_SUFFIX
-
-
-def workflow_id_for(webhook_id: str, external_id: str) -> str:
-    """Deterministic workflow id, so concurrent redeliveries join one run."""
-    import hashlib
-
-    digest = hashlib.sha256(external_id.encode()).hexdigest()[:40]
-    return f"delivery-{webhook_id}-{digest}"
 
 
 @workflow.defn(name="RouteDelivery")
