@@ -334,6 +334,8 @@ class ReconcileActivities:
                     out.requested += 1
                     record_reconcile("requested")
                 elif answer.outcome == "refused":
+                    # Not a redelivery GitHub will make: counted as given up, never as requested.
+                    await self.reconcilers.unmark(data.webhook_id, item)
                     await self.reconcilers.give_up(data.webhook_id, item.guid, answer.detail)
                     record_reconcile("given_up")
                     out.refused += 1

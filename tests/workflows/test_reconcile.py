@@ -352,6 +352,34 @@ async def test_a_secondary_rate_limit_on_a_redelivery_request_is_honoured(
     await all_routed(stack, wid, [a.guid for a in refused])
 
 
+async def test_deliveries_github_will_not_redeliver_are_given_up(live_stack: Stack, github: FakeGitHub) -> None:
+    stack = live_stack
+    owner, webhook, hook = await reconciled(stack, github)
+    wid = webhook["webhook_id"]
+    refused = await send(github, hook, 2, url=github.dead_url)
+    # GitHub refuses one redelivery (the oldest is asked for first): given up, the other one goes ahead.
+    github.script.append(Scripted(422, {}, {"message": "Validation Failed"}, only="POST"))
+    given_up = sample("switchboard_reconcile_deliveries_total", outcome="given_up")
+    result, _ = await run_once(stack, wid)
+    assert (result.status, result.requested, result.given_up) == ("ok", 1, 1)
+    assert github.redelivery_counts() == {refused[1].guid: 1}
+    # A missing delivery first tried before the lookback is given up too: GitHub no longer redelivers it.
+    late = await send(github, hook, 1, url=github.dead_url)
+    stack.settings.reconcile_redeliveries_max = 0
+    await run_once(stack, wid)
+    stack.sql(
+        "UPDATE webhook_reconcile_deliveries SET first_at = now() - interval '73 hours' WHERE guid = %s", late[0].guid
+    )
+    stack.settings.reconcile_redeliveries_max = 50
+    expired, _ = await run_once(stack, wid)
+    assert (expired.given_up, expired.requested) == (1, 0)
+    view = await state(owner, wid)
+    assert (view["totals"]["requested"], view["totals"]["given_up"]) == (1, 2)
+    assert sample("switchboard_reconcile_deliveries_total", outcome="given_up") == given_up + 2
+    await idle(github)
+    await all_routed(stack, wid, [refused[1].guid])
+
+
 async def test_a_long_rate_limit_ends_the_run_and_later_runs_wait_without_calling(
     live_stack: Stack, github: FakeGitHub
 ) -> None:
@@ -382,7 +410,7 @@ async def test_a_long_rate_limit_ends_the_run_and_later_runs_wait_without_callin
     assert third.status == "ok" and third.waits == 1 and third.requested == 1
 
 
-async def test_a_revoked_token_and_a_wrong_hook_are_visible_states_and_ingest_goes_on(
+async def test_a_revoked_token_a_wrong_hook_and_github_down_are_visible_states_and_ingest_goes_on(
     live_stack: Stack, github: FakeGitHub
 ) -> None:
     stack = live_stack
@@ -402,8 +430,15 @@ async def test_a_revoked_token_and_a_wrong_hook_are_visible_states_and_ingest_go
     live = await send(github, hook)
     assert live[0].status_code == 202 and routed(stack, wid) == {live[0].guid: (1, 1)}
 
-    _, other, _ = await reconciled(stack, github, owner=owner, hook_id=99)
+    # GitHub down: an outage state, the next run tries again.
     github.token = TOKEN
+    github.script.append(Scripted(502, {}, {"message": "Server Error"}))
+    down, _ = await run_once(stack, wid)
+    assert down.status == "unavailable" and (await state(owner, wid))["status"] == "unavailable"
+    back, _ = await run_once(stack, wid)
+    assert back.status == "ok" and (await state(owner, wid))["status"] == "ok"
+
+    _, other, _ = await reconciled(stack, github, owner=owner, hook_id=99)
     stack.sql("UPDATE webhook_reconcilers SET hook_id = 404 WHERE webhook_id = %s", other["webhook_id"])
     wrong, _ = await run_once(stack, other["webhook_id"])
     assert wrong.status == "not_found"
