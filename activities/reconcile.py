@@ -217,6 +217,7 @@ class ReconcileActivities:
         given_up = await self.reconcilers.expire(data.webhook_id, job.lookback_hours)
         record_reconcile("given_up", given_up)
         arrived = await self._confirm(data.webhook_id)
+        await self.reconcilers.revive(data.webhook_id, job.interval_seconds)
         wait = None
         if job.backoff_until is not None:
             left = (job.backoff_until - datetime.now(UTC)).total_seconds()

@@ -36,6 +36,8 @@ TOKEN_MAX = 1000
 # at most this many times (within the lookback either way).
 BACKOFF_MAX = timedelta(hours=6)
 REQUESTS_MAX = 12
+# A requested redelivery GitHub shows no attempt for after this long (or three intervals) is asked for again.
+STALE_MIN = timedelta(minutes=10)
 DETAIL_MAX = 500
 
 _REPO = re.compile(r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
@@ -570,7 +572,7 @@ class ReconcilerStore:
             cur = await conn.execute(
                 "SELECT guid, attempt_id, requests FROM webhook_reconcile_deliveries"
                 " WHERE webhook_id = %s AND state = 'missing' AND not_before <= now()"
-                " AND last_run_id IS DISTINCT FROM %s ORDER BY first_at, guid LIMIT %s",
+                " AND last_run_id IS DISTINCT FROM %s ORDER BY first_at, attempt_id LIMIT %s",
                 (webhook_id, run_id, limit),
             )
             rows = await cur.fetchall()
@@ -660,6 +662,23 @@ class ReconcilerStore:
                 (n, webhook_id),
             )
         return n
+
+    @translates_errors
+    async def revive(self, webhook_id: str, interval_seconds: int) -> int:
+        """Requested deliveries GitHub shows no attempt for since, long after the request: missing again.
+
+        The request may never have reached GitHub (the worker died between noting it and making the call), or
+        GitHub took it and sent nothing. Asked again, within the same cap; how many.
+        """
+        stale = max(timedelta(seconds=3 * interval_seconds), STALE_MIN)
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "UPDATE webhook_reconcile_deliveries SET state = 'missing', not_before = now(), updated_at = now()"
+                " WHERE webhook_id = %s AND state = 'requested' AND attempt_id = requested_attempt_id"
+                " AND requested_at < now() - %s AND requests < %s RETURNING guid",
+                (webhook_id, stale, REQUESTS_MAX),
+            )
+            return len(await cur.fetchall())
 
     @translates_errors
     async def expire(self, webhook_id: str, lookback_hours: int) -> int:

@@ -380,6 +380,26 @@ async def test_deliveries_github_will_not_redeliver_are_given_up(live_stack: Sta
     await all_routed(stack, wid, [refused[1].guid])
 
 
+async def test_a_request_noted_but_never_made_is_asked_again_later(live_stack: Stack, github: FakeGitHub) -> None:
+    stack = live_stack
+    _owner, webhook, hook = await reconciled(stack, github)
+    wid = webhook["webhook_id"]
+    lost = (await send(github, hook, 1, url=github.dead_url))[0]
+    # A run noted the request, then its worker died before the call: GitHub never heard of it.
+    stack.settings.reconcile_redeliveries_max = 0
+    await run_once(stack, wid)
+    stack.sql(
+        "UPDATE webhook_reconcile_deliveries SET state = 'requested', requests = 1, requested_attempt_id = attempt_id,"
+        " requested_at = now() - interval '11 hours' WHERE guid = %s",
+        lost.guid,
+    )
+    stack.settings.reconcile_redeliveries_max = 50
+    result, _ = await run_once(stack, wid)
+    assert result.requested == 1 and github.redelivery_counts() == {lost.guid: 1}
+    await idle(github)
+    assert (await all_routed(stack, wid, [lost.guid]))[lost.guid] == (1, 1)
+
+
 async def test_a_long_rate_limit_ends_the_run_and_later_runs_wait_without_calling(
     live_stack: Stack, github: FakeGitHub
 ) -> None:
