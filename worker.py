@@ -15,18 +15,21 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities.reconcile import ReconcileActivities
 from activities.reroute import RerouteActivities
 from activities.route import RouteActivities
 from activities.schedules import ScheduleActivities
 from activities.triage import TriageActivities
 from activities.upkeep import UpkeepActivities
 from routing.sandbox import SandboxPool
+from runtime.reconcilers import sync_schedules
 from runtime.relay import running_relay
 from runtime.root import Stores, build_stores, llm_ceilings, worker_resources
 from runtime.schedules import ensure_schedules
 from store.db import Pool
 from switchboard.metrics import listening
 from switchboard.settings import Settings
+from workflows.reconcile import ReconcileWebhook
 from workflows.reroute import RerouteEvents
 from workflows.route_delivery import RouteDelivery, evaluate_task_queue
 from workflows.schedules import FireSchedule
@@ -34,7 +37,7 @@ from workflows.upkeep import PruneRetention, ReapTodos
 
 log = logging.getLogger("switchboard.worker")
 
-WORKFLOWS: list[type] = [RouteDelivery, ReapTodos, PruneRetention, FireSchedule, RerouteEvents]
+WORKFLOWS: list[type] = [RouteDelivery, ReapTodos, PruneRetention, FireSchedule, RerouteEvents, ReconcileWebhook]
 
 LIVENESS_FILE = "worker.alive"
 LIVENESS_PERIOD = 10.0
@@ -97,6 +100,7 @@ def build_worker(
     schedules = ScheduleActivities(stores.schedules)
     reroute = RerouteActivities(stores.events)
     triage = TriageActivities(stores.llm, lambda: llm_ceilings(settings))
+    reconcile = ReconcileActivities(stores.reconcilers, client, settings)
     main = Worker(
         client,
         task_queue=queue,
@@ -113,6 +117,10 @@ def build_worker(
             schedules.record_fire,
             reroute.load_reroute,
             triage.triage,
+            reconcile.begin,
+            reconcile.scan_page,
+            reconcile.redeliver,
+            reconcile.finish,
         ],
         max_concurrent_activities=50,
         max_concurrent_local_activities=50,
@@ -146,6 +154,7 @@ async def running_worker(
             commit_delay=commit_delay,
             evaluate_delay=evaluate_delay,
         )
+        await sync_schedules(resources.temporal, workers.stores.reconcilers, settings)
         async with (
             workers,
             running_relay(resources.temporal, workers.stores.inbox, workers.stores.deliveries, settings),

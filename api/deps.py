@@ -24,6 +24,7 @@ from store.identity import IdentityStore
 from store.inbox import InboxStore
 from store.llm import LlmStore
 from store.models import Caller
+from store.reconcilers import ReconcilerStore
 from store.routes import RouteStore
 from store.rules import RuleStore
 from store.schedules import ScheduleStore
@@ -57,6 +58,7 @@ class Services:
     # Stores a delivery whose start Temporal refused as a faulted event (api/ingest.py).
     deliveries: DeliveryStore
     llm: LlmStore
+    reconcilers: ReconcilerStore
     # The rule verbs' own sandbox (dry-run, backtest, save-time compiles); deliveries evaluate on the workers.
     rule_sandbox: SandboxPool
     admission: Admission
@@ -93,6 +95,7 @@ class Services:
             inbox=stores.inbox,
             deliveries=stores.deliveries,
             llm=stores.llm,
+            reconcilers=stores.reconcilers,
             rule_sandbox=resources.rule_sandbox,
             admission=Admission(settings.ingest_max_inflight, settings.ingest_start_backoff_seconds),
             ingest_limits=TokenBuckets(settings.ingest_rate_per_second, settings.ingest_rate_burst),

@@ -33,6 +33,7 @@ from store.events import EventStore
 from store.identity import IdentityStore
 from store.inbox import InboxStore
 from store.llm import Ceilings, LlmStore
+from store.reconcilers import Limits, ReconcilerStore
 from store.routes import RouteStore
 from store.rules import RuleStore
 from store.schedules import ScheduleStore
@@ -64,6 +65,7 @@ class Stores:
     deliveries: DeliveryStore
     doorbell: DoorbellStore
     llm: LlmStore
+    reconcilers: ReconcilerStore
 
 
 def build_stores(pool: Pool, settings: Settings) -> Stores:
@@ -85,6 +87,7 @@ def build_stores(pool: Pool, settings: Settings) -> Stores:
         deliveries=DeliveryStore(pool),
         doorbell=DoorbellStore(pool),
         llm=LlmStore(pool, box, webhooks),
+        reconcilers=ReconcilerStore(pool, box, webhooks),
     )
 
 
@@ -94,6 +97,13 @@ def llm_ceilings(settings: Settings) -> Ceilings:
         per_minute=settings.llm_triage_per_minute_max,
         per_day=settings.llm_triage_per_day_max,
         timeout_seconds=settings.llm_timeout_max_seconds,
+    )
+
+
+def reconcile_limits(settings: Settings) -> Limits:
+    """The operator's bounds on what owners may configure for reconciliation (SWITCHBOARD_RECONCILE_*)."""
+    return Limits(
+        api_urls=settings.reconcile_api_url_set(), interval_min_seconds=settings.reconcile_interval_min_seconds
     )
 
 

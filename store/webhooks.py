@@ -254,6 +254,8 @@ class WebhookStore:
             if row is not None and row["n"]:
                 raise Conflict(f"{row['n']} schedule(s) fire through this webhook; delete them first")
             await conn.execute("DELETE FROM webhook_routes WHERE webhook_id = %s", (webhook_id,))
+            # Its reconciler's token goes with its secret; the reconciler's next run removes its schedule.
+            await conn.execute("DELETE FROM webhook_reconcilers WHERE webhook_id = %s", (webhook_id,))
 
 
 def collector_secret_context(webhook_id: str) -> str:

@@ -26,6 +26,9 @@ MASKED = "«redacted»"
 _INGEST_PATH = re.compile(r"/webhooks/w/[^/\s?#\"'<>]+")
 _CREDENTIALS = re.compile(r"\b(sbk|whsec|sba)_[0-9A-Za-z]+")
 _BEARER = re.compile(r"(?i)\b(bearer)\s+[^\s\"',]+")
+# GitHub's token formats (a reconciler's token, set_webhook_reconciler): classic, OAuth, user, app, refresh, and
+# fine-grained personal access tokens.
+_GITHUB_TOKENS = re.compile(r"\b(ghp|gho|ghu|ghs|ghr|github_pat)_[0-9A-Za-z_]+")
 
 REQUEST_ID: ContextVar[str | None] = ContextVar("switchboard_request_id", default=None)
 """The request id the current request, workflow run or activity works for (None outside any)."""
@@ -40,11 +43,13 @@ _installed = False
 
 
 def mask_secrets(text: str) -> str:
-    """text with ingest tokens, credentials, signing secrets and bearer tokens (and registered secrets) masked."""
+    """text with ingest tokens, credentials, signing secrets, bearer and GitHub tokens (and registered secrets)
+    masked."""
     if "/webhooks/w/" in text:
         text = _INGEST_PATH.sub("/webhooks/w/" + MASKED_TOKEN, text)
     text = _CREDENTIALS.sub(lambda m: f"{m.group(1)}_{MASKED}", text)
     text = _BEARER.sub(lambda m: f"{m.group(1)} {MASKED}", text)
+    text = _GITHUB_TOKENS.sub(lambda m: f"{m.group(1)}_{MASKED}", text)
     for secret in _known:
         if secret in text:
             text = text.replace(secret, MASKED)

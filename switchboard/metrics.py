@@ -153,6 +153,33 @@ TRIAGE_DECISIONS = Counter(
 )
 
 
+RECONCILE_RUNS = Counter(
+    "switchboard_reconcile_runs",
+    "Reconciler runs (GitHub's delivery log against Switchboard), by how they ended: ok, rate_limited,"
+    " unauthorized, forbidden, not_found, unavailable, error, disabled (the operator's switch), gone.",
+    ["status"],
+)
+RECONCILE_DELIVERIES = Counter(
+    "switchboard_reconcile_deliveries",
+    "GitHub deliveries a reconciler handled, by outcome: seen (attempts examined), missing (Switchboard never"
+    " got the guid), requested (a redelivery asked for), arrived (a requested redelivery reached Switchboard),"
+    " given_up (GitHub no longer redelivers it).",
+    ["outcome"],
+)
+RECONCILE_CALLS = Counter(
+    "switchboard_reconcile_api_calls",
+    "Calls to GitHub's delivery API, by call (list, redeliver) and outcome (ok, rate_limited, unauthorized,"
+    " forbidden, not_found, unavailable, error, refused).",
+    ["call", "outcome"],
+)
+
+
+def record_reconcile(outcome: str, count: int = 1) -> None:
+    """Deliveries a reconciler handled with this outcome (seen, missing, requested, arrived, given_up)."""
+    if count:
+        RECONCILE_DELIVERIES.labels(outcome=bounded(outcome)).inc(count)
+
+
 def record_triage_call(provider: str, outcome: str, seconds: float | None) -> None:
     """One run of the triage activity; ``seconds`` is the model call's time when a call was made."""
     label = bounded(provider)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +23,23 @@ def parse_networks(value: str) -> tuple[Network, ...]:
         if item:
             networks.append(ipaddress.ip_network(item, strict=False))
     return tuple(networks)
+
+
+def normal_api_url(value: str) -> str:
+    """An http(s) API base URL with a host, no credentials, query or fragment, in one spelling (scheme and host
+    lower-cased, no trailing slash); ValueError otherwise."""
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} is not an http:// or https:// URL with a host")
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise ValueError(f"{value!r} must not carry credentials, a query or a fragment")
+    netloc = parts.hostname.lower() + (f":{parts.port}" if parts.port is not None else "")
+    return f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"
+
+
+def parse_api_urls(value: str) -> list[str]:
+    """Comma-separated API base URLs, each normalized (normal_api_url)."""
+    return [normal_api_url(item) for item in value.split(",") if item.strip()]
 
 
 class Settings(BaseSettings):
@@ -113,6 +131,17 @@ class Settings(BaseSettings):
     llm_triage_per_minute_max: int = Field(default=60, ge=0, le=100_000)
     llm_triage_per_day_max: int = Field(default=5_000, ge=0, le=10_000_000)
     llm_timeout_max_seconds: float = Field(default=30.0, gt=0, le=600)
+    # Reconciliation of github webhooks against GitHub's delivery log (set_webhook_reconciler). Off: every
+    # reconciler's Temporal Schedule is paused and a run that starts anyway calls nothing. The rest bound what one
+    # run may do: the owners' shortest interval, pages of deliveries read, redeliveries requested, the pause between
+    # two redelivery requests, each call's timeout, and the API base URLs a reconciler may call (comma-separated).
+    reconcile: bool = True
+    reconcile_api_urls: str = "https://api.github.com"
+    reconcile_interval_min_seconds: int = Field(default=60, ge=10, le=86_400)
+    reconcile_pages_max: int = Field(default=10, ge=1, le=1000)
+    reconcile_redeliveries_max: int = Field(default=50, ge=0, le=10_000)
+    reconcile_request_gap_seconds: float = Field(default=1.0, ge=0, le=60)
+    reconcile_timeout_seconds: float = Field(default=10.0, gt=0, le=120)
     log_level: str = "INFO"
     # A worker process's metrics listener (GET any path on SWITCHBOARD_HTTP_HOST:port); 0 = none. API processes
     # serve /metrics on their HTTP port, and an API-hosted worker shares it.
@@ -155,6 +184,16 @@ class Settings(BaseSettings):
     def _valid_networks(cls, value: str) -> str:
         parse_networks(value)  # a malformed proxy list refuses to start rather than trusting something else
         return value
+
+    @field_validator("reconcile_api_urls")
+    @classmethod
+    def _valid_api_urls(cls, value: str) -> str:
+        parse_api_urls(value)  # a malformed URL refuses to start rather than allowing something else
+        return value
+
+    def reconcile_api_url_set(self) -> frozenset[str]:
+        """The parsed SWITCHBOARD_RECONCILE_API_URLS: the API base URLs a reconciler may call."""
+        return frozenset(parse_api_urls(self.reconcile_api_urls))
 
     def trusted_proxies(self) -> tuple[Network, ...]:
         """The parsed SWITCHBOARD_FORWARDED_ALLOW_IPS."""

@@ -105,3 +105,12 @@ async def test_scale_out_two_apis_two_workers_one_of_each_killed(faults: FaultSt
         # One ring per todo across both API processes: none twice, and every todo rung on one of the streams.
         assert out.ring_dups == 0, out.details()
         assert out.rings == out.todos, out.details()
+
+
+async def test_api_down_while_github_sends_then_reconcile(faults: FaultStack) -> None:
+    out = await run(faults, "reconcile")
+    # GitHub's connections were refused while no API process listened: lost to a receiver alone.
+    assert out.other.get("no answer (refused)", 0) > 0, out.details()
+    # Every delivery GitHub sent, refused or not, ends with exactly one event and one todo.
+    assert out.lost == 0 and out.doubled == 0, out.details()
+    assert out.events == out.sent == out.todos, out.details()

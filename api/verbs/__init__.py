@@ -7,6 +7,7 @@ from api.verbs import (  # noqa: F401  (registration)
     collectors,
     events,
     identity,
+    reconcilers,
     reroutes,
     routes,
     rule_compiler,

@@ -29,6 +29,8 @@ def test_mask_secrets_masks_paths_credentials_and_bearer_tokens() -> None:
     assert "0123456789abcdef" not in masked and "aaaa" not in masked and "bbbb" not in masked
     assert "sba_xyz" not in masked
     assert "/webhooks/w/«token»?x=1" in masked
+    github = "token ghp_" + "c" * 36 + " and github_pat_11AB" + "d" * 20 + "_" + "e" * 40
+    assert mask_secrets(github) == "token ghp_«redacted» and github_pat_«redacted»"
 
 
 def _everything(caplog: pytest.LogCaptureFixture) -> str:

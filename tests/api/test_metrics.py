@@ -38,6 +38,9 @@ NAMED = [
     "switchboard_inbox_oldest_age_seconds",
     "switchboard_inbox_lag_seconds",
     "switchboard_todos",
+    "switchboard_reconcile_runs",
+    "switchboard_reconcile_deliveries",
+    "switchboard_reconcile_api_calls",
 ]
 
 

@@ -70,6 +70,11 @@ PATHS = {
     "RerouteEvents: the child RouteDelivery of one delivery": "reroute_events_child.json",
     "ReapTodos: expired leases and due retries requeued": "reap_todos.json",
     "PruneRetention: old events and terminal todos deleted": "prune_retention.json",
+    # Recorded by tests/workflows/test_reconcile.py.
+    "ReconcileWebhook: missing deliveries found and redelivered": "reconcile_webhook.json",
+    "ReconcileWebhook: GitHub's rate limit waited out with a timer": "reconcile_webhook_rate_limited.json",
+    "ReconcileWebhook: GitHub refuses the token (unauthorized)": "reconcile_webhook_unauthorized.json",
+    "ReconcileWebhook: the webhook is gone (no call to GitHub)": "reconcile_webhook_gone.json",
 }
 
 
