@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
+import signal
+import socket
+import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from api.app import create_app
-from cli.embedded import dev_server_args, start_postgres, temporal_cli
+from cli.embedded import dev_server_args, dies_with_parent, start_postgres, temporal_cli
 from store.db import migrate, open_pool
 from switchboard.settings import Settings
 from switchboard.temporal import data_converter
@@ -59,19 +63,55 @@ def database_url(pg_server: Any, template_db: str) -> Iterator[str]:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-# The SDK waits 5 s for the dev server by default; a busy machine has missed that (the suite then fails at setup).
-DEV_SERVER_STARTUP = timedelta(seconds=60)
+# A busy machine has taken more than the SDK's 5 s to start the dev server (the suite then fails at setup).
+DEV_SERVER_STARTUP = 60.0
 
 
-async def start_temporal(extra_args: list[str] | None = None) -> WorkflowEnvironment:
-    """A Temporal dev server of the tests' own, with Switchboard's search attributes and dynamic config."""
-    return await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=temporal_cli(),
-        dev_server_extra_args=dev_server_args() if extra_args is None else extra_args,
-        dev_server_startup_timeout=DEV_SERVER_STARTUP,
-        ui=False,
+class DevServer(WorkflowEnvironment):
+    """A Temporal dev server (in memory) the suite started as its child, and a client of it; shutdown stops it."""
+
+    def __init__(self, client: Client, proc: subprocess.Popen[bytes]) -> None:
+        super().__init__(client)
+        self.proc = proc
+
+    async def shutdown(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL past 15 s)."""
+        self.proc.terminate()
+        try:
+            await asyncio.to_thread(self.proc.wait, 15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            await asyncio.to_thread(self.proc.wait)
+
+
+async def start_temporal(extra_args: list[str] | None = None) -> DevServer:
+    """A Temporal dev server of the tests' own, with Switchboard's search attributes and dynamic config.
+
+    Started from the suite's main thread as a child the kernel stops when the suite ends, however it ends
+    (cli.embedded.dies_with_parent), so a crashed or killed test run leaves no server behind.
+    """
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cmd = [temporal_cli(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port), "--headless"]
+    cmd += ["--log-level", "error", *(dev_server_args() if extra_args is None else extra_args)]
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=dies_with_parent(signal.SIGTERM),
     )
+    deadline = time.monotonic() + DEV_SERVER_STARTUP
+    while True:
+        try:
+            client = await Client.connect(f"127.0.0.1:{port}", data_converter=pydantic_data_converter)
+            return DevServer(client, proc)
+        except RuntimeError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise
+            await asyncio.sleep(0.2)
 
 
 @pytest.fixture(scope="session")
