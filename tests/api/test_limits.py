@@ -291,6 +291,8 @@ async def test_verbs_have_the_rate_class_their_kind_of_work_needs(stack: Stack) 
         "clear_llm_triage",
     }
     churn = {"create_webhook", "rotate_webhook", "delete_webhook", "create_schedule", "delete_schedule"}
+    # A reconciler is a Temporal Schedule made or removed, like a schedule.
+    churn |= {"set_webhook_reconciler", "clear_webhook_reconciler"}
     for name, verb in REGISTRY.items():
         expected = "authoring" if name in authoring else "webhook_admin" if name in churn else "agent"
         assert verb.rate_class == expected, name
