@@ -289,6 +289,7 @@ async def test_verbs_have_the_rate_class_their_kind_of_work_needs(stack: Stack) 
         "compile_webhook_rule",
         "set_llm_triage",
         "clear_llm_triage",
+        "preview_llm_triage",
     }
     churn = {"create_webhook", "rotate_webhook", "delete_webhook", "create_schedule", "delete_schedule"}
     # A reconciler is a Temporal Schedule made or removed, like a schedule.
