@@ -61,9 +61,13 @@ class DeliveryIdRule:
 
 @dataclass(frozen=True)
 class KindRule:
-    """Where a delivery's .kind comes from: a string field of the signed body, else the first header present."""
+    """Where a delivery's .kind comes from: the first signed-body path holding a string, else the first header.
 
-    body_field: str | None = None
+    A rule with body paths never reads a header: the headers are unsigned, and a verified kind must not change
+    with them.
+    """
+
+    body_paths: tuple[tuple[str, ...], ...] = ()
     headers: tuple[str, ...] = ()
 
 
@@ -127,6 +131,8 @@ _ROWS = (
         ("stripe-signature",),
         # The event's id, inside the signed body (ours).
         DeliveryIdRule(body_field="id"),
+        # The event's type (payment_intent.succeeded), inside the signed body.
+        kind=KindRule(body_paths=(("type",),)),
     ),
     SourceType(
         "slack",
@@ -138,6 +144,9 @@ _ROWS = (
         # Slack gives up after 3 s.
         wait_cap_seconds=2.5,
         url_verification=True,
+        # An event_callback's inner event type (app_mention); otherwise the envelope's own type
+        # (url_verification, app_rate_limited).
+        kind=KindRule(body_paths=(("event", "type"), ("type",))),
     ),
     SourceType(
         "cairn",
@@ -147,7 +156,7 @@ _ROWS = (
         # The signed event_id; the X-Cairn-Event-Id header is unsigned (the verifier refuses a mismatch).
         DeliveryIdRule(body_field="event_id"),
         # The signed body's kind wins: the X-Cairn-Event header is unsigned and must not change a verified kind.
-        kind=KindRule(body_field="kind"),
+        kind=KindRule(body_paths=(("kind",),)),
     ),
     SourceType(
         "generic",
