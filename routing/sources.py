@@ -18,10 +18,16 @@ from typing import Any, Literal
 from routing.signatures import (
     GenericHmac,
     MissingSecret,
+    Signer,
     Verification,
     Verifier,
     generic_hmac_verifier,
     json_object,
+    sign_cairn,
+    sign_gitea,
+    sign_github,
+    sign_slack,
+    sign_stripe,
     verify_cairn,
     verify_gitea,
     verify_github,
@@ -99,6 +105,8 @@ class SourceType:
     wait_cap_seconds: float | None = None
     # Answers Slack's signed url_verification handshake with its challenge, minting nothing.
     url_verification: bool = False
+    # The producer's side of the verifier's scheme (`switchboard send`); None where nothing is signed.
+    signer: Signer | None = None
 
     def verifies(self, *, collector_hmac: bool) -> bool:
         """Whether a delivery of this source that passed the receiver was verified (not only token-trusted)."""
@@ -113,6 +121,7 @@ _ROWS = (
         ("x-hub-signature-256", "x-hub-signature"),
         DeliveryIdRule(headers=("x-github-delivery",)),
         issue_provider="source",
+        signer=sign_github,
     ),
     SourceType(
         "gitea",
@@ -123,6 +132,7 @@ _ROWS = (
         issue_provider="source",
         # Gitea gives up after 5 s (its DELIVER_TIMEOUT default).
         wait_cap_seconds=4.0,
+        signer=sign_gitea,
     ),
     SourceType(
         "stripe",
@@ -133,6 +143,7 @@ _ROWS = (
         DeliveryIdRule(body_field="id"),
         # The event's type (payment_intent.succeeded), inside the signed body.
         kind=KindRule(body_paths=(("type",),)),
+        signer=sign_stripe,
     ),
     SourceType(
         "slack",
@@ -147,6 +158,7 @@ _ROWS = (
         # An event_callback's inner event type (app_mention); otherwise the envelope's own type
         # (url_verification, app_rate_limited).
         kind=KindRule(body_paths=(("event", "type"), ("type",))),
+        signer=sign_slack,
     ),
     SourceType(
         "cairn",
@@ -157,6 +169,7 @@ _ROWS = (
         DeliveryIdRule(body_field="event_id"),
         # The signed body's kind wins: the X-Cairn-Event header is unsigned and must not change a verified kind.
         kind=KindRule(body_paths=(("kind",),)),
+        signer=sign_cairn,
     ),
     SourceType(
         "generic",

@@ -321,3 +321,41 @@ async def test_tail_follows_a_new_event_and_todo(live_stack: Stack, elsewhere: P
         code = await asyncio.wait_for(proc.wait(), 60)
         rest = await proc.stderr.read()
     assert code == 130 and b"Traceback" not in rest, rest
+
+
+async def test_send_delivers_a_signed_delivery_of_every_source_type(live_stack: Stack, elsewhere: Path) -> None:
+    agent = await live_stack.agent(webhook_max=6)
+    env = {**base_env(elsewhere), "SWITCHBOARD_URL": live_stack.base_url, "SWITCHBOARD_TOKEN": agent.credential}
+    senders = {}
+    for source in ("github", "gitea", "stripe", "slack", "cairn", "generic"):
+        made = await asb(elsewhere, env, "webhooks", "create", source, "--queue", "work", "--export")
+        assert made.returncode == 0, made.stderr
+        exported = dict(line.removeprefix("export ").split("=", 1) for line in made.stdout.splitlines() if "=" in line)
+        # The ingest URL names the suite's public URL; the same path on the served stack.
+        path = exported["SWITCHBOARD_INGEST_URL"].split("/webhooks/", 1)[1]
+        sender = {**env, "SWITCHBOARD_INGEST_URL": f"{live_stack.base_url}/webhooks/{path}"}
+        if "SWITCHBOARD_WEBHOOK_SECRET" in exported:
+            sender["SWITCHBOARD_WEBHOOK_SECRET"] = exported["SWITCHBOARD_WEBHOOK_SECRET"]
+        else:
+            assert source == "generic" and "unset SWITCHBOARD_WEBHOOK_SECRET" in made.stdout
+        senders[source] = sender
+        sent = await asb(elsewhere, sender, "send", source, "--delivery-id", f"d-{source}")
+        assert sent.returncode == 0, sent.stderr
+        assert sent.stderr.splitlines()[0] == "HTTP 202 Accepted", sent.stderr
+        answer = json.loads(sent.stdout)
+        assert answer["created"] == 1 and answer["verified"] is (source != "generic"), (source, answer)
+        again = await asb(elsewhere, sender, "send", source, "--delivery-id", f"d-{source}")
+        assert json.loads(again.stdout)["duplicate"] is True, source
+    kinds = dict(live_stack.sql("SELECT source, kind FROM events"))
+    assert kinds == {
+        "github": "issues",
+        "gitea": "issues",
+        "stripe": "payment_intent.succeeded",
+        "slack": "app_mention",
+        "cairn": "artifact.created",
+        "generic": None,
+    }
+    # A wrong secret is the receiver's 401, printed the same way; the command exits 1.
+    wrong = await asb(elsewhere, {**senders["stripe"], "SWITCHBOARD_WEBHOOK_SECRET": "whsec_wrong"}, "send", "stripe")
+    assert wrong.returncode == 1 and wrong.stderr.splitlines()[0] == "HTTP 401 Unauthorized", wrong.stderr
+    assert json.loads(wrong.stdout) == {"error": "signature verification failed"}
