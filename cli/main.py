@@ -118,18 +118,22 @@ def _admin(args: argparse.Namespace, verb: str, body: dict[str, Any]) -> Any:
     return call(api_url(args.url), f"/admin/v1/{verb}", admin_token(args.admin_token), body, timeout=30)
 
 
-RULE_PACKS = tuple(resources.rule_pack_names())  # ("fleet", "pool-review", …): what the package ships
+RULE_PACKS = tuple(resources.rule_pack_names())  # ("fleet", "pool-review", "starter"): what the package ships
 
 
-def load_pack(pack: str, params_file: str | None = None, params: list[str] | None = None) -> dict[str, Any]:
-    """A set_webhook_rules body (minus webhook_id) from a shipped pack name or a pack file, with params applied."""
-    path = resources.rule_pack(pack) if pack in RULE_PACKS else Path(pack)
-    loaded = json.loads(path.read_text())
-    if not isinstance(loaded, dict) or not isinstance(loaded.get("rules"), list):
-        raise ValueError(f"{path}: a pack is a JSON object with a rules list")
-    body: dict[str, Any] = {"rules": loaded["rules"]}
+def load_pack(
+    pack: str, params_file: str | None = None, params: list[str] | None = None, queues: list[str] | None = None
+) -> dict[str, Any]:
+    """A set_webhook_rules body (minus webhook_id) from a shipped pack name or a pack file, with params applied.
+
+    A pack with a `queues` table (`{"bugs": "work", …}`) names those keys in its actions; each becomes the table's
+    queue, or the one `--queue KEY=QUEUE` gives, so the pack installs on whichever queues the endpoint has.
+    """
+    loaded = pack_document(pack)
+    mapping = _pack_queues(loaded, queues or [])
+    body: dict[str, Any] = {"rules": [_mapped(rule, "action", mapping) for rule in loaded["rules"]]}
     if loaded.get("default_action") is not None:
-        body["default_action"] = loaded["default_action"]
+        body["default_action"] = _mapped(loaded, "default_action", mapping)["default_action"]
     if loaded.get("on_fault") is not None:
         # The shipped packs hold on a fault: a gate that cannot be evaluated must not let a delivery past it.
         body["on_fault"] = loaded["on_fault"]
@@ -150,6 +154,51 @@ def load_pack(pack: str, params_file: str | None = None, params: list[str] | Non
     if values is not None:
         body["params"] = values
     return body
+
+
+def pack_document(pack: str) -> dict[str, Any]:
+    """A shipped pack by name, or a pack file, as written."""
+    path = resources.rule_pack(pack) if pack in RULE_PACKS else Path(pack)
+    loaded = json.loads(path.read_text())
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("rules"), list):
+        raise ValueError(f"{path}: a pack is a JSON object with a rules list")
+    return loaded
+
+
+def _pack_queues(loaded: dict[str, Any], given: list[str]) -> dict[str, str] | None:
+    """The pack's queue table with `--queue KEY=QUEUE` applied, or None for a pack that names its queues itself."""
+    table = loaded.get("queues")
+    if table is None:
+        if given:
+            raise ValueError("--queue: this pack names its queues itself (it has no queues table)")
+        return None
+    if not isinstance(table, dict) or not all(isinstance(v, str) and v for v in table.values()):
+        raise ValueError("a pack's queues table maps each name to a queue")
+    mapping = dict(table)
+    for pair in given:
+        key, sep, queue = pair.partition("=")
+        if not sep or not queue:
+            raise ValueError(f"--queue {pair!r}: expected NAME=QUEUE")
+        if key not in mapping:
+            raise ValueError(f"--queue {pair!r}: the pack's queues are {', '.join(mapping)}")
+        mapping[key] = queue
+    return mapping
+
+
+def _mapped(holder: dict[str, Any], key: str, mapping: dict[str, str] | None) -> dict[str, Any]:
+    """holder with its action's queue taken through the pack's queue table."""
+    action = holder.get(key)
+    if mapping is None or not isinstance(action, dict) or "queue" not in action:
+        return holder
+    if action["queue"] not in mapping:
+        raise ValueError(f"an action names queue {action['queue']!r}, which is not in the pack's queues table")
+    return {**holder, key: {**action, "queue": mapping[action["queue"]]}}
+
+
+def pack_queues(body: dict[str, Any]) -> list[str]:
+    """The queues a pack's rules and default action route to, sorted."""
+    actions = [r.get("action") for r in body["rules"] if isinstance(r, dict)] + [body.get("default_action")]
+    return sorted({a["queue"] for a in actions if isinstance(a, dict) and isinstance(a.get("queue"), str)})
 
 
 def _agent(args: argparse.Namespace, verb: str, body: dict[str, Any]) -> Any:
@@ -188,14 +237,46 @@ def export_lines(answer: Any, exports: Any) -> str:
 
 def cmd_rules_install(args: argparse.Namespace) -> int:
     try:
-        body = load_pack(args.pack, args.params_file, args.param)
+        body = load_pack(args.pack, args.params_file, args.param, args.queue)
+        mappable = "queues" in pack_document(args.pack)
     except (OSError, ValueError) as exc:
         print(f"cannot load pack: {exc}", file=sys.stderr)
         return 2
     if "REPLACE-" in json.dumps(body.get("params")):
         # Placeholders match no real login, so the pack fails closed; say so rather than install silently.
         print("warning: params still hold REPLACE-… placeholders; the pack will fail closed", file=sys.stderr)
+    _check_granted(args, args.pack, pack_queues(body), mappable=mappable)
     return _emit(args, _agent(args, "set_webhook_rules", {"webhook_id": args.webhook_id, **body}))
+
+
+def _check_granted(args: argparse.Namespace, pack: str, needed: list[str], *, mappable: bool) -> None:
+    """Refuse, before saving, a pack that routes to queues the webhook may not name, saying which and what to do.
+
+    A rule may name the webhook's target queue and its owner endpoint's webhook queues (fixed when the endpoint was
+    vended); the save would refuse the first queue outside them. A webhook this endpoint does not own is left to the
+    save's own answer.
+    """
+    listed = _agent(args, "list_webhooks", {})
+    [webhook] = [w for w in listed["webhooks"] if w["webhook_id"] == args.webhook_id] or [None]
+    if webhook is None:
+        return
+    granted = [
+        webhook["target_queue"],
+        *(q for q in listed["ceiling"]["allowed_queues"] if q != webhook["target_queue"]),
+    ]
+    missing = [q for q in needed if q not in granted]
+    if not missing:
+        return
+    mapped = "; or map the pack's queues onto granted ones with --queue NAME=QUEUE" if mappable else ""
+    raise CliError(
+        "not_granted",
+        f"pack {pack} routes to {', '.join(needed)}; webhook {args.webhook_id} may route only to"
+        f" {', '.join(granted)}, so {', '.join(missing)} must be granted. An endpoint's queues are fixed when it is"
+        f" vended: vend one that has them (switchboard endpoint vend --agent ag_… --queues"
+        f" {','.join(dict.fromkeys([*granted, *missing]))}), create the webhook with its credential and install"
+        f" again{mapped}",
+        exit_code=1,
+    )
 
 
 REROUTE_POLL_SECONDS = 1.0
@@ -448,6 +529,13 @@ def build_parser() -> argparse.ArgumentParser:
     ri.add_argument("--params-file", default=None, help="JSON object that replaces the pack's placeholder params")
     ri.add_argument(
         "--param", action="append", default=[], metavar="KEY=VALUE", help="set one param (VALUE as JSON, else text)"
+    )
+    ri.add_argument(
+        "--queue",
+        action="append",
+        default=None,
+        metavar="NAME=QUEUE",
+        help="a pack with a queues table (starter): route its queue NAME to QUEUE (default: the table's, work)",
     )
     client_options(ri)
     ri.set_defaults(fn=cmd_rules_install)

@@ -359,3 +359,46 @@ async def test_send_delivers_a_signed_delivery_of_every_source_type(live_stack: 
     wrong = await asb(elsewhere, {**senders["stripe"], "SWITCHBOARD_WEBHOOK_SECRET": "whsec_wrong"}, "send", "stripe")
     assert wrong.returncode == 1 and wrong.stderr.splitlines()[0] == "HTTP 401 Unauthorized", wrong.stderr
     assert json.loads(wrong.stdout) == {"error": "signature verification failed"}
+
+
+async def test_the_starter_pack_installs_on_a_work_queue_and_a_pack_needing_more_says_which(
+    live_stack: Stack, elsewhere: Path
+) -> None:
+    # A newcomer's endpoint: one queue, `work`, as the README's walkthrough vends it.
+    agent = await live_stack.agent(queues=["work"])
+    webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
+    env = {**base_env(elsewhere), "SWITCHBOARD_URL": live_stack.base_url, "SWITCHBOARD_TOKEN": agent.credential}
+    hook = webhook["webhook_id"]
+
+    # fleet routes to lanes this endpoint cannot name: refused before anything is saved, naming them and the fix.
+    done = await asb(elsewhere, env, "rules", "install", "--webhook", hook, "--pack", "fleet")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"switchboard: not_granted: pack fleet routes to hold, lane-l, lane-m, lane-s, lane-vision, triage; webhook"
+        f" {hook} may route only to work, so hold, lane-l, lane-m, lane-s, lane-vision, triage must be granted. An"
+        " endpoint's queues are fixed when it is vended: vend one that has them (switchboard endpoint vend --agent"
+        " ag_… --queues work,hold,lane-l,lane-m,lane-s,lane-vision,triage), create the webhook with its credential"
+        " and install again"
+    )
+    done = await asb(elsewhere, env, "rules", "install", "--webhook", hook, "--pack", "starter", "--queue", "bugs=bugs")
+    assert done.returncode == 1 and "so bugs must be granted" in done.stderr and "--queue NAME=QUEUE" in done.stderr
+    assert live_stack.sql("SELECT routing_rules FROM endpoint_webhooks WHERE id = %s", hook) == [([],)]
+
+    installed = await ok_json(elsewhere, env, "rules", "install", "--webhook", hook, "--pack", "starter")
+    assert installed["on_fault"] == "hold" and installed["default_action"] == {"drop": True}
+    assert [r["id"] for r in installed["rules"]][-4:] == ["bug", "feature", "question", "new-issue"]
+
+    labeled = issue_payload(number=5, title="crash on save")
+    labeled["issue"]["labels"] = [{"name": "bug"}]
+    resp = await post_github(live_stack.http, webhook, labeled)
+    assert resp.status_code == 202 and [t["queue"] for t in resp.json()["todos"]] == ["work"], resp.text
+    [(trace,)] = live_stack.sql("SELECT routing_trace FROM events WHERE id = %s", resp.json()["event_id"])
+    assert trace["rule_id"] == "bug"
+    closed = issue_payload(number=6, action="closed")
+    closed["issue"]["state"] = "closed"
+    for noise in (closed, issue_payload(number=7, action="edited")):
+        resp = await post_github(live_stack.http, webhook, noise)
+        assert resp.status_code == 202 and resp.json()["dropped"] is True, resp.text
+    resp = await post_github(live_stack.http, webhook, {"zen": "Keep it logically awesome."}, event="ping")
+    assert resp.status_code == 202 and resp.json()["dropped"] is True, resp.text
+    assert live_stack.sql("SELECT count(*) FROM todos")[0][0] == 1
