@@ -77,25 +77,31 @@ def cmd_api(args: argparse.Namespace) -> int:
     import asyncio
 
     from cli.dev import serve
+    from store.crypto import SecretKeyMismatch
 
     settings = service_settings()
     settings.ensure_generated_secrets()
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(settings, with_worker=settings.api_worker))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(settings, with_worker=settings.api_worker))
+    except SecretKeyMismatch as exc:
+        raise CliError(exc.code, exc.message) from None
     return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     import asyncio
 
+    from store.crypto import SecretKeyMismatch
     from worker import run_worker
 
     settings = service_settings()
     settings.ensure_generated_secrets()
     try:
-        asyncio.run(run_worker(settings))
-    except KeyboardInterrupt:
-        pass
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run_worker(settings))
+    except SecretKeyMismatch as exc:
+        raise CliError(exc.code, exc.message) from None
     return 0
 
 
