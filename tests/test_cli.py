@@ -329,7 +329,9 @@ import sys
 import cli.main
 for argv in (["--version"], ["--url", "http://127.0.0.1:9", "--token", "sbk_x", "todos", "list"],
              ["send", "stripe", "--ingest-url", "http://127.0.0.1:9/webhooks/w/x", "--secret", "whsec_x"],
-             ["completion", "bash"]):
+             ["completion", "bash"], ["--token", "sbk_x", "--url", "http://127.0.0.1:9", "tail"],
+             ["--token", "sbk_x", "--url", "http://127.0.0.1:9", "rules", "install", "--webhook", "wh_1", "--pack", "starter"],
+             ["--token", "sbk_x", "--url", "http://127.0.0.1:9", "events", "reroute", "ev_1"]):
     try:
         cli.main.main(argv)
     except SystemExit:
@@ -377,6 +379,7 @@ def test_export_prints_shell_assignments_for_the_next_command(
 
 def test_send_signs_every_source_as_its_producer_does() -> None:
     from cli import send
+    from routing.signatures import GenericHmac
     from routing.sources import SOURCE_TYPES, verify
 
     assert cli.main.SEND_SOURCES == SOURCE_TYPES
@@ -405,3 +408,9 @@ def test_send_signs_every_source_as_its_producer_does() -> None:
     assert wrong.value.code == "invalid_argument"
     raw, headers = send.prepare("generic", None, headers=["X-Extra: 1"])
     assert headers["x-extra"] == "1" and "x-delivery-id" in headers
+    # A generic collector with an HMAC: signed in its header and encoding, verified as the receiver does.
+    config = GenericHmac(header="X-Sig", format="base64")
+    raw, headers = send.prepare("generic", "hmac-secret", hmac=config, now=now)
+    assert verify("generic", b"hmac-secret", headers, raw, now, generic_hmac=config).verified is True
+    with pytest.raises(CliError):
+        send.prepare("github", "s", hmac=config)
