@@ -260,9 +260,14 @@ def _check_granted(args: argparse.Namespace, pack: str, needed: list[str], *, ma
 
     A rule may name the webhook's target queue and its owner endpoint's webhook queues (fixed when the endpoint was
     vended); the save would refuse the first queue outside them. A webhook this endpoint does not own is left to the
-    save's own answer.
+    save's own answer, and so is an endpoint whose scope lacks list_webhooks.
     """
-    listed = _agent(args, "list_webhooks", {})
+    try:
+        listed = _agent(args, "list_webhooks", {})
+    except CliError as exc:
+        if exc.code == "forbidden":
+            return
+        raise
     [webhook] = [w for w in listed["webhooks"] if w["webhook_id"] == args.webhook_id] or [None]
     if webhook is None:
         return
