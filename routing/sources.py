@@ -18,9 +18,15 @@ from typing import Any, Literal
 from routing.signatures import (
     GenericHmac,
     MissingSecret,
+    Signer,
     Verification,
     Verifier,
     generic_hmac_verifier,
+    sign_cairn,
+    sign_gitea,
+    sign_github,
+    sign_slack,
+    sign_stripe,
     verify_cairn,
     verify_gitea,
     verify_github,
@@ -60,9 +66,13 @@ class DeliveryIdRule:
 
 @dataclass(frozen=True)
 class KindRule:
-    """Where a delivery's .kind comes from: a string field of the signed body, else the first header present."""
+    """Where a delivery's .kind comes from: the first signed-body path holding a string, else the first header.
 
-    body_field: str | None = None
+    A rule with body paths never reads a header: the headers are unsigned, and a verified kind must not change
+    with them.
+    """
+
+    body_paths: tuple[tuple[str, ...], ...] = ()
     headers: tuple[str, ...] = ()
 
 
@@ -94,6 +104,8 @@ class SourceType:
     wait_cap_seconds: float | None = None
     # Answers Slack's signed url_verification handshake with its challenge, minting nothing.
     url_verification: bool = False
+    # The producer's side of the verifier's scheme (`switchboard send`); None where nothing is signed.
+    signer: Signer | None = None
 
     def verifies(self, *, collector_hmac: bool) -> bool:
         """Whether a delivery of this source that passed the receiver was verified (not only token-trusted)."""
@@ -108,6 +120,7 @@ _ROWS = (
         ("x-hub-signature-256", "x-hub-signature"),
         DeliveryIdRule(headers=("x-github-delivery",)),
         issue_provider="source",
+        signer=sign_github,
     ),
     SourceType(
         "gitea",
@@ -118,6 +131,7 @@ _ROWS = (
         issue_provider="source",
         # Gitea gives up after 5 s (its DELIVER_TIMEOUT default).
         wait_cap_seconds=4.0,
+        signer=sign_gitea,
     ),
     SourceType(
         "stripe",
@@ -126,6 +140,9 @@ _ROWS = (
         ("stripe-signature",),
         # The event's id, inside the signed body (ours).
         DeliveryIdRule(body_field="id"),
+        # The event's type (payment_intent.succeeded), inside the signed body.
+        kind=KindRule(body_paths=(("type",),)),
+        signer=sign_stripe,
     ),
     SourceType(
         "slack",
@@ -137,6 +154,10 @@ _ROWS = (
         # Slack gives up after 3 s.
         wait_cap_seconds=2.5,
         url_verification=True,
+        # An event_callback's inner event type (app_mention); otherwise the envelope's own type
+        # (url_verification, app_rate_limited).
+        kind=KindRule(body_paths=(("event", "type"), ("type",))),
+        signer=sign_slack,
     ),
     SourceType(
         "cairn",
@@ -146,7 +167,8 @@ _ROWS = (
         # The signed event_id; the X-Cairn-Event-Id header is unsigned (the verifier refuses a mismatch).
         DeliveryIdRule(body_field="event_id"),
         # The signed body's kind wins: the X-Cairn-Event header is unsigned and must not change a verified kind.
-        kind=KindRule(body_field="kind"),
+        kind=KindRule(body_paths=(("kind",),)),
+        signer=sign_cairn,
     ),
     SourceType(
         "generic",

@@ -25,7 +25,7 @@ from temporalio.client import Client
 
 from routing.sandbox import SandboxPool
 from store.collectors import CollectorStore
-from store.crypto import SecretBox
+from store.crypto import SecretBox, check_secret_key
 from store.db import Pool, open_pool
 from store.deliveries import DeliveryStore
 from store.doorbell import DoorbellStore
@@ -68,11 +68,16 @@ class Stores:
     reconcilers: ReconcilerStore
 
 
-def build_stores(pool: Pool, settings: Settings) -> Stores:
-    """Every store over `pool`, secrets at rest sealed with the process's key."""
+def secret_box(settings: Settings) -> SecretBox:
+    """The box that seals secrets at rest with the process's key."""
     if not settings.secret_key:
         raise RuntimeError("SWITCHBOARD_SECRET_KEY is not set (Settings.ensure_generated_secrets fills it)")
-    box = SecretBox(settings.secret_key)
+    return SecretBox(settings.secret_key)
+
+
+def build_stores(pool: Pool, settings: Settings) -> Stores:
+    """Every store over `pool`, secrets at rest sealed with the process's key."""
+    box = secret_box(settings)
     webhooks = WebhookStore(pool, box)
     return Stores(
         identities=IdentityStore(pool),
@@ -144,6 +149,8 @@ async def worker_resources(settings: Settings) -> AsyncIterator[WorkerResources]
     async with contextlib.AsyncExitStack() as stack:
         pool = await open_pool(_database_url(settings), max_size=settings.db_pool_max)
         stack.push_async_callback(pool.close)
+        # Before anything runs: a changed key refuses to start rather than failing every signed delivery.
+        await check_secret_key(pool, secret_box(settings))
         sandbox = evaluation_sandbox(settings)
         stack.push_async_callback(sandbox.close)
         yield WorkerResources(pool=pool, sandbox=sandbox, temporal=await connect(settings))
@@ -174,6 +181,8 @@ async def api_resources(settings: Settings, *, temporal: Client | None = None) -
             statement_timeout=settings.db_statement_timeout,
         )
         stack.push_async_callback(pool.close)
+        # Before anything is served: a changed key refuses to start rather than answering 503 to signed deliveries.
+        await check_secret_key(pool, secret_box(settings))
         # Lazy: the API comes up (and accepts deliveries into the inbox) even while Temporal is unreachable.
         client = temporal
         if client is None and settings.temporal_address:

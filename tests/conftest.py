@@ -253,9 +253,13 @@ async def running_stack(
     *,
     with_worker: bool = True,
     payload_key: str | None = None,
+    secret_key: str | None = None,
 ) -> AsyncIterator[Stack]:
     task_queue = f"tq-{uuid.uuid4().hex[:10]}"
     settings = make_settings(tmp_path, database_url, client.service_client.config.target_host, task_queue)
+    if secret_key is not None:
+        # Another process of an existing deployment: it must hold that deployment's key (store/crypto.py).
+        settings.secret_key = secret_key
     if payload_key:
         # The payload codec, as connect() would build it: API and worker seal and open with the same key.
         settings.payload_key = payload_key

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
 import cli.main
 from api.verbs import ADMIN_VERBS, REGISTRY
+from api.verbs.registry import ArgType, Completer
+from cli import client, commands
 from cli.client import CliError, admin_token, api_url
 from cli.output import cell, mode, render, table
 from cli.tail import Tail
@@ -22,13 +26,13 @@ README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 def run(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[str, dict[str, Any]]:
     sent: list[tuple[str, dict[str, Any]]] = []
 
-    def admin(settings: Settings, args: Any, verb: str, body: dict[str, Any]) -> dict[str, Any]:
+    def admin(args: Any, verb: str, body: dict[str, Any]) -> dict[str, Any]:
         sent.append((verb, body))
         return {}
 
     monkeypatch.setattr(cli.main, "_admin", admin)
     args = cli.main.build_parser().parse_args(list(argv))
-    assert args.fn(Settings(), args) == 0
+    assert args.fn(args) == 0
     [(verb, body)] = sent
     ADMIN_VERBS[verb].input.model_validate(body)  # what the command sends is the verb's input
     return verb, body
@@ -81,13 +85,13 @@ def test_every_admin_verb_has_a_command_and_the_readme_names_both() -> None:
 def run_agent(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[str, dict[str, Any]]:
     sent: list[tuple[str, dict[str, Any]]] = []
 
-    def agent(settings: Settings, args: Any, verb: str, body: dict[str, Any]) -> dict[str, Any]:
+    def agent(args: Any, verb: str, body: dict[str, Any]) -> dict[str, Any]:
         sent.append((verb, body))
         return {}
 
     monkeypatch.setattr(cli.main, "_agent", agent)
     args = cli.main.build_parser().parse_args([*argv, "--credential", "sbk_x"])
-    assert args.fn(Settings(), args) == 0
+    assert args.fn(args) == 0
     [(verb, body)] = sent
     REGISTRY[verb].input.model_validate(body)  # what the command sends is the verb's input
     return verb, body
@@ -198,32 +202,44 @@ def test_global_options_go_before_or_after_the_command() -> None:
     assert parser.parse_args(["human", "list"]).output is None
 
 
-def test_the_api_url_is_the_bind_address_never_the_public_url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv("SWITCHBOARD_URL", raising=False)
-    public = "https://hooks.example.com"
-    assert api_url(Settings(public_url=public), None) == "http://127.0.0.1:8000"
-    assert api_url(Settings(public_url=public, http_host="0.0.0.0", http_port=9000), None) == "http://127.0.0.1:9000"
-    assert api_url(Settings(http_host="::"), None) == "http://[::1]:8000"
-    assert api_url(Settings(http_host="10.0.0.5"), None) == "http://10.0.0.5:8000"
-    assert api_url(Settings(), "http://api:8000/") == "http://api:8000"
-    monkeypatch.setenv("SWITCHBOARD_URL", "http://from-env:1")
-    assert api_url(Settings(public_url=public), None) == "http://from-env:1"
+def test_the_api_url_is_the_bind_address_never_the_public_url() -> None:
+    public = {"SWITCHBOARD_PUBLIC_URL": "https://hooks.example.com"}
+    assert api_url(None, public) == "http://127.0.0.1:8000"
+    wildcard = {**public, "SWITCHBOARD_HTTP_HOST": "0.0.0.0", "SWITCHBOARD_HTTP_PORT": "9000"}
+    assert api_url(None, wildcard) == "http://127.0.0.1:9000"
+    assert api_url(None, {"SWITCHBOARD_HTTP_HOST": "::"}) == "http://[::1]:8000"
+    assert api_url(None, {"SWITCHBOARD_HTTP_HOST": "10.0.0.5"}) == "http://10.0.0.5:8000"
+    assert api_url("http://api:8000/", {}) == "http://api:8000"
+    assert api_url(None, {**public, "SWITCHBOARD_URL": "http://from-env:1"}) == "http://from-env:1"
     with pytest.raises(CliError) as bad:
-        api_url(Settings(), "api:8000")
+        api_url("api:8000", {})
     assert bad.value.code == "invalid_url"
+    with pytest.raises(CliError) as port:
+        api_url(None, {"SWITCHBOARD_HTTP_PORT": "eighty"})
+    assert port.value.code == "invalid_setting" and "SWITCHBOARD_HTTP_PORT" in port.value.message
 
 
-def test_the_admin_token_is_read_never_generated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv("SWITCHBOARD_ADMIN_TOKEN", raising=False)
+def test_the_client_defaults_are_the_services_settings_defaults() -> None:
+    # The client reads the bind address and data folder without importing Settings; the defaults must agree.
+    fields = Settings.model_fields
+    assert fields["http_host"].default == client.DEFAULT_HTTP_HOST
+    assert fields["http_port"].default == client.DEFAULT_HTTP_PORT
+    assert fields["home"].default == Path(client.DEFAULT_HOME)
+    names = {client.HOST_ENV, client.PORT_ENV, client.HOME_ENV, client.ADMIN_TOKEN_ENV}
+    assert names == {"SWITCHBOARD_" + f.upper() for f in ("http_host", "http_port", "home", "admin_token")}
+
+
+def test_the_admin_token_is_read_never_generated(tmp_path: Path) -> None:
     home = tmp_path / "home"
+    env = {"SWITCHBOARD_HOME": str(home)}
     with pytest.raises(CliError) as missing:
-        admin_token(Settings(home=home), None)
+        admin_token(None, env)
     assert missing.value.code == "missing_admin_token" and not home.exists()
     home.mkdir()
     (home / "admin_token").write_text("sba_file\n")
-    assert admin_token(Settings(home=home), None) == "sba_file"
-    assert admin_token(Settings(home=home, admin_token="sba_env"), None) == "sba_env"
-    assert admin_token(Settings(home=home, admin_token="sba_env"), "sba_flag") == "sba_flag"
+    assert admin_token(None, env) == "sba_file"
+    assert admin_token(None, {**env, "SWITCHBOARD_ADMIN_TOKEN": "sba_env"}) == "sba_env"
+    assert admin_token("sba_flag", {**env, "SWITCHBOARD_ADMIN_TOKEN": "sba_env"}) == "sba_flag"
 
 
 def test_tables_and_key_value_lines() -> None:
@@ -294,3 +310,107 @@ def test_tail_prints_only_what_is_new_once_including_late_commits_and_state_chan
         ("event", "ev_3", None),
         ("todo", "td_1", "pending"),
     ]
+
+
+def test_the_checked_in_command_description_is_the_verb_table() -> None:
+    # cli/commands.json is what client commands read instead of importing the API; regenerate it with
+    # `.venv/bin/python -m cli.commands` after changing a verb's `cli=`.
+    assert commands.load() == commands.generate(), "cli/commands.json is stale: run python -m cli.commands"
+    used_types = {a["type"] for c in commands.load()["commands"] for a in c["args"]} - {None}
+    assert used_types <= set(commands.CONVERTERS)
+    assert set(get_args(ArgType)) == set(commands.CONVERTERS)
+    assert set(get_args(Completer)) == set(commands.COMPLETERS)
+
+
+def test_a_client_command_imports_neither_the_api_nor_temporal_nor_psycopg(tmp_path: Path) -> None:
+    # The whole client path, parse to answer, in a fresh interpreter: what it loaded is what it cost.
+    code = """
+import sys
+import cli.main
+for argv in (["--version"], ["--url", "http://127.0.0.1:9", "--token", "sbk_x", "todos", "list"],
+             ["send", "stripe", "--ingest-url", "http://127.0.0.1:9/webhooks/w/x", "--secret", "whsec_x"],
+             ["completion", "bash"], ["--token", "sbk_x", "--url", "http://127.0.0.1:9", "tail"],
+             ["--token", "sbk_x", "--url", "http://127.0.0.1:9", "rules", "install", "--webhook", "wh_1", "--pack", "starter"],
+             ["--token", "sbk_x", "--url", "http://127.0.0.1:9", "events", "reroute", "ev_1"]):
+    try:
+        cli.main.main(argv)
+    except SystemExit:
+        pass
+print("loaded:", *sorted({name.split(".")[0] for name in sys.modules}))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path, check=True
+    )
+    loaded = set(done.stdout.splitlines()[-1].split()[1:])
+    assert "cli" in loaded and "routing" in loaded  # send signs with routing/signatures.py
+    heavy = {"fastapi", "starlette", "temporalio", "psycopg", "psycopg_pool", "pydantic", "httpx", "openai", "api"}
+    assert loaded & heavy == set()
+
+
+def test_export_prints_shell_assignments_for_the_next_command(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    answers = {
+        "vend_endpoint": {"endpoint_id": "ep_1", "credential": "sbk_a'b", "queues": ["work"]},
+        "create_webhook": {"webhook_id": "wh_1", "ingest_url": "http://h/webhooks/w/t", "secret": None},
+        "claim_next": {"empty": False, "todo": {"id": "td_1", "state": "claimed"}},
+    }
+    monkeypatch.setattr(cli.main, "_admin", lambda args, verb, body: answers[verb])
+    monkeypatch.setattr(cli.main, "_agent", lambda args, verb, body: answers[verb])
+    assert cli.main.main(["endpoint", "vend", "--agent", "ag_1", "--queues", "work", "--export"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "export ENDPOINT_ID=ep_1\nexport SWITCHBOARD_TOKEN='sbk_a'\"'\"'b'\n"
+    assert "credential: sbk_a'b" in err  # the answer itself, for the person, on standard error
+    assert cli.main.main(["--export", "--token", "t", "webhooks", "create", "generic", "--queue", "work"]) == 0
+    out, _ = capsys.readouterr()
+    # A generic webhook has no secret: an earlier webhook's secret is unset, never left behind.
+    assert out.splitlines() == [
+        "export WEBHOOK_ID=wh_1",
+        "export SWITCHBOARD_INGEST_URL=http://h/webhooks/w/t",
+        "unset SWITCHBOARD_WEBHOOK_SECRET",
+    ]
+    assert cli.main.main(["todos", "claim-next", "--token", "t", "--export"]) == 0
+    assert capsys.readouterr().out == "export TODO_ID=td_1\n"
+    # A command with nothing to export says so (exit 2), and never prints half an answer.
+    assert cli.main.main(["--export", "--token", "t", "todos", "list"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("switchboard: invalid_argument: --export")
+
+
+def test_send_signs_every_source_as_its_producer_does() -> None:
+    from cli import send
+    from routing.signatures import GenericHmac
+    from routing.sources import SOURCE_TYPES, verify
+
+    assert cli.main.SEND_SOURCES == SOURCE_TYPES
+    now = 1_800_000_000.0
+    for source in SOURCE_TYPES:
+        raw, headers = send.prepare(source, "whsec_test", now=now)
+        verdict = verify(source, b"whsec_test", headers, raw, now)
+        assert verdict.ok, (source, verdict)
+        assert verdict.verified == (source != "generic"), source
+        # Every send is a new delivery: the producer's id differs from one send to the next.
+        again_raw, again = send.prepare(source, "whsec_test", now=now)
+        assert (raw, headers) != (again_raw, again), source
+    _, forge = send.prepare("gitea", "s", event="push", delivery_id="d-1", now=now)
+    assert forge["x-gitea-event"] == "push" and forge["x-gitea-delivery"] == "d-1"
+    # A body's own producer id is kept (a redelivery), unless --delivery-id says otherwise.
+    body = json.dumps({"id": "evt_mine", "type": "invoice.paid"}).encode()
+    assert json.loads(send.prepare("stripe", "s", body=body, now=now)[0])["id"] == "evt_mine"
+    assert json.loads(send.prepare("stripe", "s", body=body, delivery_id="evt_2", now=now)[0])["id"] == "evt_2"
+    cairn = json.loads(send.prepare("cairn", "s", body=b'{"kind": "artifact.created"}', now=now)[0])
+    assert cairn["created_at"] == "2027-01-15T08:00:00Z" and cairn["event_id"].startswith("send-")
+    with pytest.raises(CliError) as missing:
+        send.prepare("github", None)
+    assert missing.value.code == "missing_secret" and "SWITCHBOARD_WEBHOOK_SECRET" in missing.value.message
+    with pytest.raises(CliError) as wrong:
+        send.prepare("stripe", "s", event="charge.paid")
+    assert wrong.value.code == "invalid_argument"
+    raw, headers = send.prepare("generic", None, headers=["X-Extra: 1"])
+    assert headers["x-extra"] == "1" and "x-delivery-id" in headers
+    # A generic collector with an HMAC: signed in its header and encoding, verified as the receiver does.
+    config = GenericHmac(header="X-Sig", format="base64")
+    raw, headers = send.prepare("generic", "hmac-secret", hmac=config, now=now)
+    assert verify("generic", b"hmac-secret", headers, raw, now, generic_hmac=config).verified is True
+    with pytest.raises(CliError):
+        send.prepare("github", "s", hmac=config)

@@ -321,3 +321,84 @@ async def test_tail_follows_a_new_event_and_todo(live_stack: Stack, elsewhere: P
         code = await asyncio.wait_for(proc.wait(), 60)
         rest = await proc.stderr.read()
     assert code == 130 and b"Traceback" not in rest, rest
+
+
+async def test_send_delivers_a_signed_delivery_of_every_source_type(live_stack: Stack, elsewhere: Path) -> None:
+    agent = await live_stack.agent(webhook_max=6)
+    env = {**base_env(elsewhere), "SWITCHBOARD_URL": live_stack.base_url, "SWITCHBOARD_TOKEN": agent.credential}
+    senders = {}
+    for source in ("github", "gitea", "stripe", "slack", "cairn", "generic"):
+        made = await asb(elsewhere, env, "webhooks", "create", source, "--queue", "work", "--export")
+        assert made.returncode == 0, made.stderr
+        exported = dict(line.removeprefix("export ").split("=", 1) for line in made.stdout.splitlines() if "=" in line)
+        # The ingest URL names the suite's public URL; the same path on the served stack.
+        path = exported["SWITCHBOARD_INGEST_URL"].split("/webhooks/", 1)[1]
+        sender = {**env, "SWITCHBOARD_INGEST_URL": f"{live_stack.base_url}/webhooks/{path}"}
+        if "SWITCHBOARD_WEBHOOK_SECRET" in exported:
+            sender["SWITCHBOARD_WEBHOOK_SECRET"] = exported["SWITCHBOARD_WEBHOOK_SECRET"]
+        else:
+            assert source == "generic" and "unset SWITCHBOARD_WEBHOOK_SECRET" in made.stdout
+        senders[source] = sender
+        sent = await asb(elsewhere, sender, "send", source, "--delivery-id", f"d-{source}")
+        assert sent.returncode == 0, sent.stderr
+        assert sent.stderr.splitlines()[0] == "HTTP 202 Accepted", sent.stderr
+        answer = json.loads(sent.stdout)
+        assert answer["created"] == 1 and answer["verified"] is (source != "generic"), (source, answer)
+        again = await asb(elsewhere, sender, "send", source, "--delivery-id", f"d-{source}")
+        assert json.loads(again.stdout)["duplicate"] is True, source
+    kinds = dict(live_stack.sql("SELECT source, kind FROM events"))
+    assert kinds == {
+        "github": "issues",
+        "gitea": "issues",
+        "stripe": "payment_intent.succeeded",
+        "slack": "app_mention",
+        "cairn": "artifact.created",
+        "generic": None,
+    }
+    # A wrong secret is the receiver's 401, printed the same way; the command exits 1.
+    wrong = await asb(elsewhere, {**senders["stripe"], "SWITCHBOARD_WEBHOOK_SECRET": "whsec_wrong"}, "send", "stripe")
+    assert wrong.returncode == 1 and wrong.stderr.splitlines()[0] == "HTTP 401 Unauthorized", wrong.stderr
+    assert json.loads(wrong.stdout) == {"error": "signature verification failed"}
+
+
+async def test_the_starter_pack_installs_on_a_work_queue_and_a_pack_needing_more_says_which(
+    live_stack: Stack, elsewhere: Path
+) -> None:
+    # A newcomer's endpoint: one queue, `work`, as the README's walkthrough vends it.
+    agent = await live_stack.agent(queues=["work"])
+    webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
+    env = {**base_env(elsewhere), "SWITCHBOARD_URL": live_stack.base_url, "SWITCHBOARD_TOKEN": agent.credential}
+    hook = webhook["webhook_id"]
+
+    # fleet routes to lanes this endpoint cannot name: refused before anything is saved, naming them and the fix.
+    done = await asb(elsewhere, env, "rules", "install", "--webhook", hook, "--pack", "fleet")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"switchboard: not_granted: pack fleet routes to hold, lane-l, lane-m, lane-s, lane-vision, triage; webhook"
+        f" {hook} may route only to work, so hold, lane-l, lane-m, lane-s, lane-vision, triage must be granted. An"
+        " endpoint's queues are fixed when it is vended: vend one that has them (switchboard endpoint vend --agent"
+        " ag_… --queues work,hold,lane-l,lane-m,lane-s,lane-vision,triage), create the webhook with its credential"
+        " and install again"
+    )
+    done = await asb(elsewhere, env, "rules", "install", "--webhook", hook, "--pack", "starter", "--queue", "bugs=bugs")
+    assert done.returncode == 1 and "so bugs must be granted" in done.stderr and "--queue NAME=QUEUE" in done.stderr
+    assert live_stack.sql("SELECT routing_rules FROM endpoint_webhooks WHERE id = %s", hook) == [([],)]
+
+    installed = await ok_json(elsewhere, env, "rules", "install", "--webhook", hook, "--pack", "starter")
+    assert installed["on_fault"] == "hold" and installed["default_action"] == {"drop": True}
+    assert [r["id"] for r in installed["rules"]][-4:] == ["bug", "feature", "question", "new-issue"]
+
+    labeled = issue_payload(number=5, title="crash on save")
+    labeled["issue"]["labels"] = [{"name": "bug"}]
+    resp = await post_github(live_stack.http, webhook, labeled)
+    assert resp.status_code == 202 and [t["queue"] for t in resp.json()["todos"]] == ["work"], resp.text
+    [(trace,)] = live_stack.sql("SELECT routing_trace FROM events WHERE id = %s", resp.json()["event_id"])
+    assert trace["rule_id"] == "bug"
+    closed = issue_payload(number=6, action="closed")
+    closed["issue"]["state"] = "closed"
+    for noise in (closed, issue_payload(number=7, action="edited")):
+        resp = await post_github(live_stack.http, webhook, noise)
+        assert resp.status_code == 202 and resp.json()["dropped"] is True, resp.text
+    resp = await post_github(live_stack.http, webhook, {"zen": "Keep it logically awesome."}, event="ping")
+    assert resp.status_code == 202 and resp.json()["dropped"] is True, resp.text
+    assert live_stack.sql("SELECT count(*) FROM todos")[0][0] == 1

@@ -175,7 +175,7 @@ def test_installed_copy_finds_migrations_and_packs_inside_itself(installed: Inst
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout)
     assert found["migrations"] == source_migrations() and len(found["migrations"]) >= 6
-    assert found["packs"] == source_packs() == ["fleet", "pool-review"]
+    assert found["packs"] == source_packs() == ["fleet", "pool-review", "starter"]
     # From the installed copy, not the checkout.
     assert all(Path(folder).is_relative_to(installed.site) for folder in found["folders"]), found["folders"]
     shipped = json.loads((ROOT / "docs" / "routing" / "rule-packs" / "fleet.json").read_text())

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from api.verbs.registry import REGISTRY, AdminContext, CliArg, CliCommand, VerbInput, admin_verb
+from api.verbs.registry import REGISTRY, AdminContext, CliArg, CliCommand, CliExport, VerbInput, admin_verb
 from routing.sources import SOURCE_TYPES
 from store.errors import InvalidArgument, NotFound
 
@@ -155,28 +155,9 @@ class ListEndpointsOutput(BaseModel):
 
 def _paging(noun: str) -> tuple[CliArg, ...]:
     return (
-        CliArg("limit", "--limit", type=int, default=LIST_DEFAULT, help=f"the most {noun} (≤ {LIST_MAX})"),
+        CliArg("limit", "--limit", type="int", default=LIST_DEFAULT, help=f"the most {noun} (≤ {LIST_MAX})"),
         CliArg("cursor", "--cursor", help="next_cursor of the previous page"),
     )
-
-
-def csv(value: str) -> list[str]:
-    """A comma-separated command-line list."""
-    return [v.strip() for v in value.split(",") if v.strip()]
-
-
-def _rate(value: str) -> float | None:
-    return None if value == "default" else float(value)
-
-
-def _vend_defaults(args: dict[str, Any]) -> dict[str, Any]:
-    # `--verbs all` is every agent verb; the webhook queues default to the endpoint's own queues.
-    verbs = args["verbs"]
-    return {
-        **args,
-        "verbs": list(REGISTRY) if verbs == "all" else csv(verbs),
-        "webhook_queues": args["webhook_queues"] if args["webhook_queues"] is not None else args["queues"],
-    }
 
 
 @admin_verb(
@@ -184,7 +165,14 @@ def _vend_defaults(args: dict[str, Any]) -> dict[str, Any]:
     input=CreateHumanInput,
     output=CreateHumanOutput,
     summary="Create a human.",
-    cli=CliCommand("human", "humans", "create", "create a human", (CliArg("name", "--name", required=True),)),
+    cli=CliCommand(
+        "human",
+        "humans",
+        "create",
+        "create a human",
+        (CliArg("name", "--name", required=True),),
+        exports=(CliExport("human_id", "HUMAN_ID"),),
+    ),
 )
 async def create_human(ctx: AdminContext, data: CreateHumanInput) -> CreateHumanOutput:
     return CreateHumanOutput(human_id=await ctx.services.identities.create_human(data.name))
@@ -201,6 +189,7 @@ async def create_human(ctx: AdminContext, data: CreateHumanInput) -> CreateHuman
         "create",
         "create an agent",
         (CliArg("human_id", "--human", required=True), CliArg("name", "--name", required=True)),
+        exports=(CliExport("agent_id", "AGENT_ID"),),
     ),
 )
 async def create_agent(ctx: AdminContext, data: CreateAgentInput) -> CreateAgentOutput:
@@ -219,20 +208,22 @@ async def create_agent(ctx: AdminContext, data: CreateAgentInput) -> CreateAgent
         "vend an endpoint; prints the credential once",
         (
             CliArg("agent_id", "--agent", required=True),
-            CliArg("queues", "--queues", required=True, type=csv, help="comma-separated"),
+            CliArg("queues", "--queues", required=True, type="csv", help="comma-separated"),
             CliArg("verbs", "--verbs", default="all", help="comma-separated, or 'all'"),
-            CliArg("webhook_max", "--webhook-max", type=int, default=5),
+            CliArg("webhook_max", "--webhook-max", type="int", default=5),
             # Every source type the README advertises works out of the box; narrow it per endpoint with this flag.
             CliArg(
                 "webhook_source_types",
                 "--webhook-source-types",
-                type=csv,
+                type="csv",
                 default=list(SOURCE_TYPES),
                 help="comma-separated; default: all",
             ),
-            CliArg("webhook_queues", "--webhook-queues", type=csv, help="default: the endpoint's queues"),
+            CliArg("webhook_queues", "--webhook-queues", type="csv", help="default: the endpoint's queues"),
         ),
-        complete=_vend_defaults,
+        complete="vend_defaults",
+        # The owner commands (and `switchboard webhooks create`) read SWITCHBOARD_TOKEN.
+        exports=(CliExport("endpoint_id", "ENDPOINT_ID"), CliExport("credential", "SWITCHBOARD_TOKEN")),
     ),
 )
 async def vend_endpoint(ctx: AdminContext, data: VendEndpointInput) -> VendEndpointOutput:
@@ -306,7 +297,7 @@ async def set_friend_edge(ctx: AdminContext, data: FriendEdgeInput) -> OkOutput:
             CliArg("webhook_id"),
             CliArg(
                 "rate_per_second",
-                type=_rate,
+                type="rate",
                 metavar="rate",
                 help="deliveries per second; 0 = unpaced; 'default' = the operator default",
             ),
@@ -443,8 +434,8 @@ class DeleteLlmProviderInput(AdminInput):
             CliArg("name"),
             CliArg("base_url", "--base-url", required=True),
             CliArg("api_key", "--api-key", help="omit to keep the stored key (or for a server without auth)"),
-            CliArg("timeout_seconds", "--timeout", type=float, default=10.0),
-            CliArg("models", "--models", type=csv, default=[], help="comma-separated; default: any"),
+            CliArg("timeout_seconds", "--timeout", type="float", default=10.0),
+            CliArg("models", "--models", type="csv", default=[], help="comma-separated; default: any"),
         ),
     ),
 )
@@ -511,7 +502,7 @@ class RequeueParkedInput(AdminInput):
         "the delivery inbox",
         "parked",
         "list parked inbox deliveries and their last error",
-        (CliArg("limit", "--limit", type=int, default=100),),
+        (CliArg("limit", "--limit", type="int", default=100),),
     ),
 )
 async def list_parked_deliveries(ctx: AdminContext, data: ListParkedInput) -> ListParkedOutput:

@@ -90,7 +90,7 @@ def _summary(e: EventSummary) -> EventOut:
             CliArg("disposition", "--disposition", choices=("routed", "dropped", "repeat", "faulted")),
             CliArg("since", "--since", help="received at or after (ISO 8601)"),
             CliArg("delivery_id", "--delivery-id", help="only the events of this producer delivery"),
-            CliArg("limit", "--limit", type=int, help="the most events (≤ 200, default 50)"),
+            CliArg("limit", "--limit", type="int", help="the most events (≤ 200, default 50)"),
             CliArg("cursor", "--cursor", help="next_cursor of the previous page"),
         ),
         columns=("id", "received_at", "source", "kind", "disposition", "webhook_id", "todo_ids"),

@@ -8,11 +8,8 @@ runs are `ReconcileWebhook` workflows; the token is sealed at rest and never ret
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
@@ -183,24 +180,6 @@ def _entry(view: ReconcilerView) -> ScheduleEntry:
     )
 
 
-def token_file(value: str) -> str:
-    """A command-line argument naming a file that holds the token (`-`: standard input), read and stripped."""
-    try:
-        text = sys.stdin.read() if value == "-" else Path(value).read_text()
-    except OSError as exc:
-        raise argparse.ArgumentTypeError(f"cannot read {value}: {exc.strerror or exc}") from None
-    return text.strip()
-
-
-def from_flags(body: dict[str, Any]) -> dict[str, Any]:
-    """The command line's `--repo`, `--org` or `--app` as the verb's `scope`, its `--token-file` as `token`."""
-    body = dict(body)
-    scope = {k: body.pop(k) for k in ("repo", "org", "app") if body.get(k) is not None}
-    if "github_token" in body:
-        body["token"] = body.pop("github_token")
-    return {**body, "scope": scope}
-
-
 @verb(
     "set_webhook_reconciler",
     input=SetReconcilerInput,
@@ -220,20 +199,20 @@ def from_flags(body: dict[str, Any]) -> dict[str, Any]:
             CliArg("repo", "--repo", metavar="OWNER/NAME", help="a repository hook"),
             CliArg("org", "--org", metavar="ORG", help="an organization hook"),
             CliArg("app", "--app", switch=True, help="the GitHub App's own hook"),
-            CliArg("hook_id", "--hook-id", type=int, help="the hook's id on GitHub (repo and org)"),
+            CliArg("hook_id", "--hook-id", type="int", help="the hook's id on GitHub (repo and org)"),
             CliArg(
                 # Not "token": the command line's own --token is the owner's credential.
                 "github_token",
                 "--token-file",
-                type=token_file,
+                type="secret_file",
                 metavar="FILE",
                 help="a file holding the GitHub token (- for stdin); omitted keeps the stored one",
             ),
             CliArg("api_url", "--api-url", help=f"GitHub Enterprise API base URL (default {API_URL})"),
-            CliArg("interval_seconds", "--interval", type=int, metavar="SECONDS", help="seconds between runs"),
-            CliArg("lookback_hours", "--lookback", type=int, metavar="HOURS", help="hours to look back (≤ 72)"),
+            CliArg("interval_seconds", "--interval", type="int", metavar="SECONDS", help="seconds between runs"),
+            CliArg("lookback_hours", "--lookback", type="int", metavar="HOURS", help="hours to look back (≤ 72)"),
         ),
-        complete=from_flags,
+        complete="reconciler_scope",
     ),
 )
 async def set_webhook_reconciler(ctx: Context, data: SetReconcilerInput) -> ReconcilerOutput:

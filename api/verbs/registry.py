@@ -7,12 +7,8 @@ is on exactly one surface, so an admin verb is never a tool and never in an endp
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -55,6 +51,13 @@ class AdminContext:
     services: Services
 
 
+ArgType = Literal["int", "float", "csv", "json_file", "rate", "secret_file"]
+"""How a command-line value becomes the input field's value: a number, a comma-separated list, a JSON file (`-`:
+standard input), a rate (`default` is null). The command line implements each (cli/commands.py)."""
+Completer = Literal["vend_defaults", "spread_config", "reconciler_scope"]
+"""How a command's parsed arguments become the verb's input where its shorthand differs (cli/commands.py)."""
+
+
 @dataclass(frozen=True)
 class CliArg:
     """One command-line argument of a verb's command; it fills the input field of the same name."""
@@ -63,7 +66,7 @@ class CliArg:
     flag: str | None = None
     """`--human` style; None for a positional argument."""
     help: str | None = None
-    type: Callable[[str], Any] | None = None
+    type: ArgType | None = None
     default: Any = None
     required: bool = False
     choices: tuple[str, ...] | None = None
@@ -73,13 +76,24 @@ class CliArg:
 
 
 @dataclass(frozen=True)
+class CliExport:
+    """A value of a command's answer that `--export` prints as `export NAME=value` for the next command."""
+
+    path: str
+    """Dotted path into the answer (`todo.id`)."""
+    name: str
+    """The shell variable; the ones other commands read are theirs (SWITCHBOARD_TOKEN, SWITCHBOARD_INGEST_URL)."""
+
+
+@dataclass(frozen=True)
 class CliCommand:
     """`switchboard GROUP ACTION …`: calls one verb and prints its answer.
 
     An admin verb is called over /admin/v1 with the admin token; an agent verb over /v1 with the owner's
     endpoint credential (`--token`, else $SWITCHBOARD_TOKEN), an unset optional argument left to the verb's
     default. Commands that compose several verbs (`rules install`, `events reroute`, `tail`) are written in
-    cli/main.py.
+    cli/main.py. The command line reads these descriptions from cli/commands.json, generated from this table
+    (`python -m cli.commands`), so a client command starts without importing the service.
     """
 
     group: str
@@ -87,41 +101,12 @@ class CliCommand:
     action: str
     help: str
     args: tuple[CliArg, ...] = ()
-    complete: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    complete: Completer | None = None
     """Turns the parsed arguments into the verb's input where the command's shorthand differs from it."""
     columns: tuple[str, ...] = ()
     """The table columns of the answer's rows on a terminal (cli/output.py); empty: the rows' scalar fields."""
-
-
-def json_file(value: str) -> Any:
-    """A command-line argument naming a JSON file (`-`: standard input), parsed."""
-    try:
-        text = sys.stdin.read() if value == "-" else Path(value).read_text()
-        return json.loads(text)
-    except OSError as exc:
-        raise argparse.ArgumentTypeError(f"cannot read {value}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{value} is not JSON: {exc}") from None
-
-
-CONFIG_FIELDS = ("rules", "default_action", "params", "on_fault")
-
-
-def spread_config(body: dict[str, Any]) -> dict[str, Any]:
-    """A rules command's input with its `config` file spread into the configuration fields.
-
-    The file is a JSON object of `rules`, `default_action`, `params`, `on_fault` (a rule pack's shape), or a bare
-    rules array. Other keys are refused by the verb's own validation, naming them.
-    """
-    body = dict(body)
-    config = body.pop("config", None)
-    if config is None:
-        return body
-    if isinstance(config, list):
-        config = {"rules": config}
-    if not isinstance(config, dict):
-        raise argparse.ArgumentTypeError("a rules file is a JSON object (rules, default_action, …) or a rules array")
-    return {**config, **body}
+    exports: tuple[CliExport, ...] = ()
+    """What `--export` prints for the next command (ids, the credential, the ingest URL and secret)."""
 
 
 Handler = Callable[[Any, Any], Awaitable[BaseModel]]

@@ -256,10 +256,10 @@ async def _preview(ctx: Context, saved: RuleConfig, rule: dict[str, Any], limit:
         args=(
             CliArg("webhook_id", help="the webhook (wh_…)"),
             CliArg("sentence", help="the condition in plain English"),
-            CliArg("sample", flag="--sample", type=int, help=f"events to ground on (≤ {SAMPLE_MAX})"),
+            CliArg("sample", flag="--sample", type="int", help=f"events to ground on (≤ {SAMPLE_MAX})"),
             CliArg("provider", flag="--provider", help="LLM provider (default: the webhook's triage provider)"),
             CliArg("model", flag="--model", help="model (default: the webhook's triage model)"),
-            CliArg("limit", flag="--limit", type=int, help=f"events to preview on (≤ {BACKTEST_MAX})"),
+            CliArg("limit", flag="--limit", type="int", help=f"events to preview on (≤ {BACKTEST_MAX})"),
         ),
     ),
 )

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInput, json_file, spread_config, verb
+from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInput, verb
 from api.verbs.rule_schema import ActionJSON, RuleJSON, RulePatchJSON, RulesJSON
 from routing import replay
 from routing.models import Grant, OnFault
@@ -245,9 +245,9 @@ async def list_webhook_rules(ctx: Context, data: WebhookInput) -> RulesOutput:
         "set_webhook_rules: replace a webhook's rules from a JSON file (params left out are cleared)",
         (
             CliArg("webhook_id", help="the webhook (wh_…)"),
-            CliArg("config", "--file", required=True, type=json_file, metavar="FILE", help=CONFIG_HELP),
+            CliArg("config", "--file", required=True, type="json_file", metavar="FILE", help=CONFIG_HELP),
         ),
-        complete=spread_config,
+        complete="spread_config",
         columns=("id", "name", "expr", "action"),
     ),
 )
@@ -382,16 +382,16 @@ async def remove_webhook_rule(ctx: Context, data: RemoveRuleInput) -> RemoveRule
         (
             CliArg("webhook_id", help="the webhook (wh_…)"),
             CliArg(
-                "payload", "--payload", type=json_file, metavar="FILE", help="a sample body (JSON file, - for stdin)"
+                "payload", "--payload", type="json_file", metavar="FILE", help="a sample body (JSON file, - for stdin)"
             ),
             CliArg(
-                "headers", "--headers", type=json_file, metavar="FILE", help="the sample's headers (JSON object file)"
+                "headers", "--headers", type="json_file", metavar="FILE", help="the sample's headers (JSON object file)"
             ),
             CliArg("event_id", "--event", help="a stored event of this webhook (ev_…) instead of a sample"),
-            CliArg("config", "--rules", type=json_file, metavar="FILE", help="candidate: " + CONFIG_HELP),
+            CliArg("config", "--rules", type="json_file", metavar="FILE", help="candidate: " + CONFIG_HELP),
             CliArg("omit_envelope", "--omit-envelope", switch=True, help="leave the evaluated envelope out"),
         ),
-        complete=spread_config,
+        complete="spread_config",
     ),
 )
 async def test_webhook_rules(ctx: Context, data: DryRunInput) -> DryRunOutput:
@@ -434,10 +434,10 @@ async def test_webhook_rules(ctx: Context, data: DryRunInput) -> DryRunOutput:
         "backtest_webhook_rules: replay the saved (or --rules candidate) rules over recent events",
         (
             CliArg("webhook_id", help="the webhook (wh_…)"),
-            CliArg("config", "--rules", type=json_file, metavar="FILE", help="candidate: " + CONFIG_HELP),
-            CliArg("limit", "--limit", type=int, help="most recent events to replay"),
+            CliArg("config", "--rules", type="json_file", metavar="FILE", help="candidate: " + CONFIG_HELP),
+            CliArg("limit", "--limit", type="int", help="most recent events to replay"),
         ),
-        complete=spread_config,
+        complete="spread_config",
         columns=("event_id", "received_at", "kind", "changed", "rule_changed"),
     ),
 )

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
-from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInput, verb
+from api.verbs.registry import READ, CliArg, CliCommand, CliExport, Context, Hints, VerbInput, verb
 from store.models import Todo
 from store.todos import DEFAULT_LEASE_SECONDS, MAX_CLAIM_BATCH, MAX_LEASE_SECONDS
 from switchboard.metrics import CLAIMS, DEAD_LETTERS, bounded
@@ -193,7 +193,7 @@ class TodoResult(BaseModel):
         args=(
             CliArg("queue", "--queue", help="only this queue"),
             CliArg("state", "--state", choices=("pending", "claimed", "done", "failed", "canceled")),
-            CliArg("limit", "--limit", type=int, help="the most todos (≤ 500, default 50)"),
+            CliArg("limit", "--limit", type="int", help="the most todos (≤ 500, default 50)"),
             CliArg("cursor", "--cursor", help="next_cursor of the previous page"),
         ),
         columns=("id", "queue", "state", "attempt", "kind", "title", "owner", "created_at"),
@@ -245,6 +245,17 @@ async def claim(ctx: Context, data: ClaimInput) -> TodoResult:
     output=ClaimNextOutput,
     family="todos",
     summary="Claim the oldest pending todo in scope (with max, up to max of them); {empty: true} when there is none.",
+    cli=CliCommand(
+        group="todos",
+        group_help=TODOS_HELP,
+        action="claim-next",
+        help="claim_next: claim the oldest pending todo in your queues (empty: true when there is none)",
+        args=(
+            CliArg("queue", "--queue", help="only this queue"),
+            CliArg("lease_seconds", "--lease", type="int", help="lease in seconds (default 300)"),
+        ),
+        exports=(CliExport("todo.id", "TODO_ID"),),
+    ),
 )
 async def claim_next(ctx: Context, data: ClaimNextInput) -> ClaimNextOutput:
     if data.max is not None:
@@ -266,6 +277,13 @@ async def claim_next(ctx: Context, data: ClaimNextInput) -> ClaimNextOutput:
     family="todos",
     summary="Mark a held todo done.",
     hints=Hints(idempotent=True),
+    cli=CliCommand(
+        group="todos",
+        group_help=TODOS_HELP,
+        action="complete",
+        help="complete: mark a todo you hold done",
+        args=(CliArg("todo_id", help="the todo (td_…)"),),
+    ),
 )
 async def complete(ctx: Context, data: CompleteInput) -> TodoResult:
     return TodoResult(todo=_full(await ctx.services.todos.complete(ctx.caller, data.todo_id, data.result)))
@@ -278,6 +296,13 @@ async def complete(ctx: Context, data: CompleteInput) -> TodoResult:
     family="todos",
     summary="Fail a held todo: retry after backoff, or dead letter at the attempt cap.",
     hints=Hints(idempotent=True),
+    cli=CliCommand(
+        group="todos",
+        group_help=TODOS_HELP,
+        action="fail",
+        help="fail: a todo you hold failed (retried after a backoff, dead letter at the attempt cap)",
+        args=(CliArg("todo_id", help="the todo (td_…)"), CliArg("error", "--error", help="why, kept as last_error")),
+    ),
 )
 async def fail(ctx: Context, data: FailInput) -> TodoResult:
     todo = await ctx.services.todos.fail(ctx.caller, data.todo_id, data.error, data.result)

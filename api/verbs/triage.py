@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from activities.triage import ask_model
 from api.verbs.admin import LLM_HELP
-from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInput, json_file, verb
+from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInput, verb
 from api.verbs.rules import FAMILY, WebhookInput, history_of
 from routing.models import TriageConfig, TriageQueue
 from routing.replay import REPLAY_BATCH
@@ -248,12 +248,12 @@ def _summary(rows: list[PreviewedEvent], stage: TriageConfig) -> PreviewSummary:
             CliArg(
                 "queues",
                 "--queues",
-                type=json_file,
+                type="json_file",
                 metavar="FILE",
                 help='JSON file (- for stdin): [{"queue": …, "description": …}, …]; default: the saved stage\'s',
             ),
-            CliArg("threshold", "--threshold", type=float, help="default: the saved stage's, else 0"),
-            CliArg("limit", "--limit", type=int, help=f"most recent events (≤ {PREVIEW_MAX})"),
+            CliArg("threshold", "--threshold", type="float", help="default: the saved stage's, else 0"),
+            CliArg("limit", "--limit", type="int", help=f"most recent events (≤ {PREVIEW_MAX})"),
         ),
         columns=("event_id", "kind", "queue", "confidence", "outcome", "title"),
     ),

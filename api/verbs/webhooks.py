@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from api.verbs.registry import READ, CliCommand, Context, Hints, VerbInput, verb
+from api.verbs.registry import READ, CliArg, CliCommand, CliExport, Context, Hints, VerbInput, verb
 from routing.sources import SOURCE_TYPES
 
 WEBHOOKS_HELP = "webhooks (as their owning endpoint)"
@@ -74,6 +74,22 @@ def ingest_url(ctx: Context, token: str) -> str:
     family="webhooks",
     summary="Create a webhook within the ceiling; a signed type's secret is shown once.",
     rate_class="webhook_admin",
+    cli=CliCommand(
+        "webhooks",
+        WEBHOOKS_HELP,
+        "create",
+        "create_webhook: a webhook of yours; prints its ingest URL and (signed types) its secret once",
+        (
+            CliArg("source_type", choices=SOURCE_TYPES, help="the producer"),
+            CliArg("target_queue", "--queue", required=True, help="the queue deliveries land on by default"),
+        ),
+        # `switchboard send` reads the last two.
+        exports=(
+            CliExport("webhook_id", "WEBHOOK_ID"),
+            CliExport("ingest_url", "SWITCHBOARD_INGEST_URL"),
+            CliExport("secret", "SWITCHBOARD_WEBHOOK_SECRET"),
+        ),
+    ),
 )
 async def create_webhook(ctx: Context, data: CreateWebhookInput) -> CreateWebhookOutput:
     made: dict[str, Any] = await ctx.services.webhooks.create(ctx.caller, data.source_type, data.target_queue)
@@ -158,6 +174,20 @@ class DeleteWebhookOutput(BaseModel):
     summary="Mint a new signing secret (shown once; the old one stops verifying at once), optionally a new URL.",
     rate_class="webhook_admin",
     hints=Hints(destructive=True),
+    cli=CliCommand(
+        "webhooks",
+        WEBHOOKS_HELP,
+        "rotate",
+        "rotate_webhook: a new signing secret, shown once (the old one stops at once)",
+        (
+            CliArg("webhook_id", help="the webhook (wh_…)"),
+            CliArg("new_ingest_token", "--new-url", switch=True, help="also replace the ingest URL"),
+        ),
+        exports=(
+            CliExport("ingest_url", "SWITCHBOARD_INGEST_URL"),
+            CliExport("secret", "SWITCHBOARD_WEBHOOK_SECRET"),
+        ),
+    ),
 )
 async def rotate_webhook(ctx: Context, data: RotateWebhookInput) -> RotateWebhookOutput:
     made: dict[str, Any] = await ctx.services.webhooks.rotate(

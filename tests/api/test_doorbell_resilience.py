@@ -185,7 +185,12 @@ async def test_two_api_processes_ring_each_todo_exactly_once_in_total(
     # A second API app (its own lifespan, pool, doorbell listener and hub) on the same database.
     async with (
         running_stack(
-            tmp_path / "second", live_stack.database_url, temporal_env.client, sandbox, with_worker=False
+            tmp_path / "second",
+            live_stack.database_url,
+            temporal_env.client,
+            sandbox,
+            with_worker=False,
+            secret_key=live_stack.settings.secret_key,
         ) as second,
         serving(second.app) as second_url,
         sse(live_stack.base_url, agent.credential) as here,
@@ -261,7 +266,12 @@ async def test_revoke_closes_sse_streams_in_every_process_within_5s(
     agent = await live_stack.agent()
     async with (
         running_stack(
-            tmp_path / "second", live_stack.database_url, temporal_env.client, sandbox, with_worker=False
+            tmp_path / "second",
+            live_stack.database_url,
+            temporal_env.client,
+            sandbox,
+            with_worker=False,
+            secret_key=live_stack.settings.secret_key,
         ) as second,
         serving(second.app) as second_url,
     ):

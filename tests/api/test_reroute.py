@@ -11,7 +11,6 @@ import pytest
 from cli.client import CliError
 from cli.main import build_parser
 from routing.reroute import RerouteEventsInput
-from switchboard.settings import Settings
 from tests.conftest import Agent, Stack
 from tests.helpers import eventually, issue_payload, post_github
 from workflows.reroute import RerouteEvents, batch_workflow_id
@@ -306,12 +305,11 @@ async def test_the_cli_wraps_the_reroute_and_todo_verbs(live_stack: Stack, capsy
     stack = live_stack
     agent = await stack.agent()
     webhook, dropped, _ = await _mixed(stack, agent)
-    settings = Settings(home=stack.settings.home)
 
     async def run(*argv: str) -> tuple[int, Any]:
         args = build_parser().parse_args([*argv, "--credential", agent.credential, "--url", stack.base_url])
         capsys.readouterr()
-        code = await asyncio.to_thread(args.fn, settings, args)
+        code = await asyncio.to_thread(args.fn, args)
         printed = capsys.readouterr().out
         return code, json.loads(printed[printed.index("{") :]) if "{" in printed else None
 

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from psycopg.types.json import Jsonb
 
+from routing.delivery import workflow_id_for
 from tests.conftest import Agent, Stack
 from tests.helpers import issue_payload, token_of
 from tests.signing import sign_cairn, sign_gitea, sign_github, sign_slack, sign_stripe
@@ -54,7 +55,7 @@ async def test_stripe_valid_invalid_expired_future_and_replayed(stack: Stack) ->
     assert ok.status_code == 202, ok.text
     assert ok.json()["created"] == 1 and ok.json()["verified"] is True
     [(ext, kind)] = stack.sql("SELECT external_id, kind FROM events WHERE id = %s", ok.json()["event_id"])
-    assert ext == f"{webhook['webhook_id']}:evt_ok" and kind is None  # Stripe sends no event header
+    assert ext == f"{webhook['webhook_id']}:evt_ok" and kind == "invoice.paid"  # the signed event's type
 
     for headers in (
         sign_stripe(WRONG, body, now),  # invalid
@@ -89,6 +90,58 @@ async def test_stripe_secret_rotation_accepts_either_v1(stack: Stack) -> None:
     bad = sign_stripe(WRONG, neither, now)["stripe-signature"]
     resp = await _post(stack, webhook, neither, {"Stripe-Signature": bad + ",v1=" + "ab" * 32})
     assert resp.status_code == 401
+
+
+async def _run_of(stack: Stack, webhook: dict[str, Any], external: str) -> tuple[str | None, Any]:
+    """The delivery run's summary line and its SwitchboardKind search attribute."""
+    handle = stack.temporal.get_workflow_handle(
+        workflow_id_for(webhook["webhook_id"], f"{webhook['webhook_id']}:{external}")
+    )
+    desc = await handle.describe()
+    attrs = {k.name: v for k, v in desc.typed_search_attributes}
+    return await desc.static_summary(), attrs.get("SwitchboardKind")
+
+
+async def test_a_body_kinded_delivery_takes_its_kind_from_the_signed_body_never_a_header(stack: Stack) -> None:
+    agent = await stack.agent(queues=["work", "payments", "mentions"])
+    stripe = await _webhook(agent, "stripe")
+    slack = await _webhook(agent, "slack")
+    rules = [
+        {"id": "paid", "expr": '.kind == "payment_intent.succeeded"', "action": {"queue": "payments"}},
+        {"id": "mention", "expr": '.kind == "app_mention"', "action": {"queue": "mentions"}},
+        {"id": "header", "expr": '.kind == "issues"', "action": {"drop": True}},
+    ]
+    for webhook in (stripe, slack):
+        await agent.ok("set_webhook_rules", {"webhook_id": webhook["webhook_id"], "rules": rules})
+    now = int(time.time())
+    forged = {"X-GitHub-Event": "issues", "X-Cairn-Event": "artifact.created"}  # unsigned: never a kind
+
+    paid = json.dumps({"id": "evt_paid", "type": "payment_intent.succeeded", "data": {"object": {}}}).encode()
+    resp = await _post(stack, stripe, paid, {**sign_stripe(stripe["secret"].encode(), paid, now), **forged})
+    assert resp.status_code == 202 and [t["queue"] for t in resp.json()["todos"]] == ["payments"], resp.text
+    mention = json.dumps({"type": "event_callback", "event_id": "EvM", "event": {"type": "app_mention"}}).encode()
+    resp = await _post(stack, slack, mention, {**sign_slack(slack["secret"].encode(), mention, now), **forged})
+    assert resp.status_code == 202 and [t["queue"] for t in resp.json()["todos"]] == ["mentions"], resp.text
+    # A body without its type has no kind: the forged forge header does not stand in (default: the target queue).
+    untyped = json.dumps({"id": "evt_untyped", "data": {}}).encode()
+    resp = await _post(stack, stripe, untyped, {**sign_stripe(stripe["secret"].encode(), untyped, now), **forged})
+    assert resp.status_code == 202 and [t["queue"] for t in resp.json()["todos"]] == ["work"], resp.text
+
+    stored = dict(stack.sql("SELECT external_id, kind FROM events"))
+    assert stored == {
+        f"{stripe['webhook_id']}:evt_paid": "payment_intent.succeeded",
+        f"{slack['webhook_id']}:EvM": "app_mention",
+        f"{stripe['webhook_id']}:evt_untyped": None,
+    }
+    assert sorted(r[0] or "" for r in stack.sql("SELECT kind FROM todos")) == [
+        "",
+        "app_mention",
+        "payment_intent.succeeded",
+    ]
+    # The Temporal UI's summary line and the SwitchboardKind search attribute carry the same kind.
+    assert await _run_of(stack, stripe, "evt_paid") == ("stripe payment_intent.succeeded", "payment_intent.succeeded")
+    assert await _run_of(stack, slack, "EvM") == ("slack app_mention", "app_mention")
+    assert await _run_of(stack, stripe, "evt_untyped") == ("stripe", None)
 
 
 # --- Slack --------------------------------------------------------------------------------------------------

@@ -270,8 +270,15 @@ def test_fleet_save_fails_without_a_lane_endpoint() -> None:
 
 
 def test_readme_lists_every_rule_in_order() -> None:
-    for pack in (FLEET, POOL):
-        positions = [README.find(f"`{r['id']}`") for r in pack["rules"]]
+    starter = json.loads((PACKS / "starter.json").read_text())
+    # Each pack's table, in its own section (the packs share some rule ids).
+    for pack, heading in (
+        (starter, "## `starter.json`"),
+        (FLEET, "## `fleet.json` rule order"),
+        (POOL, "## `pool-review.json`"),
+    ):
+        section = README.index(heading)
+        positions = [README.find(f"`{r['id']}`", section) for r in pack["rules"]]
         assert all(p >= 0 for p in positions), [r["id"] for r, p in zip(pack["rules"], positions, strict=True) if p < 0]
         assert positions == sorted(positions)
     for lane in LANES:
@@ -729,3 +736,98 @@ async def test_fleet_fixtures_through_the_sandbox_child_match_in_process() -> No
             assert decision == local.decision, case
     finally:
         await pool.close()
+
+
+# --- starter: GitHub issues by label, on whichever queues the endpoint has -------------------------------------
+
+STARTER = json.loads((PACKS / "starter.json").read_text())
+
+
+def starter_rules(queues: dict[str, str] | None = None) -> dict[str, Any]:
+    """The pack as `switchboard rules install --pack starter [--queue NAME=QUEUE …]` sends it."""
+    from cli.main import load_pack
+
+    return load_pack("starter", queues=[f"{k}={v}" for k, v in (queues or {}).items()])
+
+
+def starter_grant(queues: list[str], body: dict[str, Any]) -> Grant:
+    """A newcomer's webhook: one endpoint, scoped to `queues`, that owns it (target queue: the first)."""
+    return Grant(
+        webhook_id="wh_starter",
+        owner_endpoint_id="ep_me",
+        human_id="hu_me",
+        source="github",
+        target_queue=queues[0],
+        allowed_queues=queues,
+        targets=[Target(endpoint_id="ep_me", scope_queues=queues)],
+        rules=body["rules"],
+        default_action=body["default_action"],
+        params=body["params"],
+    )
+
+
+def test_starter_pack_shape() -> None:
+    assert set(STARTER) == {"description", "queues", "rules", "default_action", "on_fault", "params"}
+    assert STARTER["on_fault"] == "hold" and STARTER["default_action"] == {"drop": True}
+    # Every queue defaults to the walkthrough's one queue, and every action names the table's queues only.
+    assert STARTER["queues"] == {"bugs": "work", "features": "work", "questions": "work", "triage": "work"}
+    named = {r["action"]["queue"] for r in STARTER["rules"] if "queue" in r["action"]}
+    assert named == set(STARTER["queues"])
+    assert all(r.get("id") and r.get("name") for r in STARTER["rules"])
+
+
+def test_starter_installs_on_a_single_work_queue_and_on_mapped_queues() -> None:
+    body = starter_rules()
+    assert {r["action"].get("queue") for r in body["rules"]} == {None, "work"}
+    assert validate_rules(body["rules"], body["default_action"], body["params"], starter_grant(["work"], body))
+    mapped = starter_rules({"bugs": "bugs", "triage": "inbox"})
+    queues = {r["id"]: r["action"].get("queue") for r in mapped["rules"]}
+    assert (queues["bug"], queues["feature"], queues["new-issue"]) == ("bugs", "work", "inbox")
+    # Mapped onto queues the endpoint lacks, the save refuses it: the CLI names them first (cli/main.py).
+    with pytest.raises(RuleValidationError) as info:
+        validate_rules(mapped["rules"], mapped["default_action"], mapped["params"], starter_grant(["work"], mapped))
+    assert info.value.code == "not_granted"
+    with pytest.raises(ValueError, match="the pack's queues are bugs, features, questions, triage"):
+        starter_rules({"lanes": "work"})
+    from cli.main import load_pack
+
+    with pytest.raises(ValueError, match="names its queues itself"):
+        load_pack("fleet", queues=["hold=work"])
+
+
+STARTER_CASES: list[tuple[str, Callable[[], dict[str, Any]], str]] = [
+    # (case, envelope, the deciding rule; "default" for the default's drop)
+    ("opened-bug", lambda: issue(provider="github", labels=("Bug",)), "bug"),
+    ("labeled-enhancement", lambda: label_event("github", labels=("enhancement",), label="enhancement"), "feature"),
+    ("opened-question", lambda: issue(provider="github", labels=("question", "size/S")), "question"),
+    ("bug-beats-feature", lambda: issue(provider="github", labels=("feature", "bug")), "bug"),
+    ("opened-unlabeled", lambda: issue(provider="github"), "new-issue"),
+    ("reopened-other-label", lambda: issue(provider="github", action="reopened", labels=("ui",)), "new-issue"),
+    ("gitea-opened-bug", lambda: issue(provider="gitea", labels=("bug",)), "bug"),
+    # Noise.
+    ("labeled-other", lambda: label_event("github", labels=("ui",), label="ui"), "default"),
+    ("closed", lambda: issue(provider="github", action="closed", state="closed", labels=("bug",)), "issue-not-open"),
+    ("edited", lambda: issue(provider="github", action="edited", labels=("bug",)), "issue-not-routable"),
+    ("unlabeled", lambda: issue(provider="github", action="unlabeled", labels=("bug",)), "issue-not-routable"),
+    ("pull-request", lambda: pull_request(provider="github"), "not-an-issue"),
+    ("push", lambda: make_env("github", {"ref": "refs/heads/main"}, {"x-github-event": "push"}), "not-an-issue"),
+    ("unverified", lambda: issue(provider="github", labels=("bug",), verified=False, source="generic"), "unverified"),
+]
+
+
+@pytest.mark.parametrize(("case", "build", "rule_id"), STARTER_CASES, ids=[c[0] for c in STARTER_CASES])
+def test_starter_routes_issues_by_label_and_drops_noise(
+    evaluate: Evaluator, case: str, build: Callable[[], dict[str, Any]], rule_id: str
+) -> None:
+    body = starter_rules({"bugs": "bugs", "features": "features", "questions": "questions", "triage": "triage"})
+    queues = ["work", "bugs", "features", "questions", "triage"]
+    envelope = build()
+    decision = route(evaluate, starter_grant(queues, body).model_copy(update={"source": envelope["source"]}), envelope)
+    expected = {"bug": "bugs", "feature": "features", "question": "questions", "new-issue": "triage"}.get(rule_id)
+    if expected is None:
+        assert decision.disposition == "dropped", (case, decision.trace)
+        assert decision.trace.get("rule_id", "default") == rule_id, decision.trace
+        return
+    assert decision.trace["rule_id"] == rule_id, decision.trace
+    assert [(d.endpoint_id, d.queue) for d in decision.todos] == [("ep_me", expected)]
+    assert decision.once_key is not None  # a relabel of an issue already in the queue is a repeat, not a second todo

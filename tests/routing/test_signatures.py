@@ -418,3 +418,36 @@ def test_delivery_id_empty_candidates_ignored() -> None:
 @pytest.mark.parametrize("body", [b"", b"not json", b'{"id": 5, "event_id": ["x"]}'])
 def test_delivery_id_fallback(source: str, body: bytes) -> None:
     assert _delivery_id(source, {}, body) == _fallback(body)
+
+
+# -- the producer side: the signers `switchboard send` uses -------------------------------------------------
+
+
+def test_every_signed_source_has_a_signer_its_verifier_accepts() -> None:
+    from routing.sources import SOURCES
+
+    signed = {name for name, row in SOURCES.items() if row.verifier is not None}
+    assert signed == {name for name, row in SOURCES.items() if row.signer is not None}
+    assert signed == {"github", "gitea", "stripe", "slack", "cairn"}
+    body = _cairn_body()  # carries what cairn signs; the other schemes sign any body
+    for name in sorted(signed):
+        signer = SOURCES[name].signer
+        assert signer is not None
+        headers = signer(SECRET, body, NOW)
+        assert all(k == k.lower() for k in headers), name
+        assert verify(name, SECRET, headers, body, NOW) == OK, name
+        assert verify(name, OTHER, headers, body, NOW).detail == "signature_mismatch", name
+
+
+def test_the_signers_sign_as_the_producers_documented_schemes() -> None:
+    from routing import signatures
+
+    # tests/signing.py is written from the producers' documentation, independently of routing/signatures.py.
+    assert signatures.sign_github(SECRET, BODY, NOW) == sign_github(SECRET, BODY)
+    assert signatures.sign_gitea(SECRET, BODY, NOW) == {**sign_gitea(SECRET, BODY), **sign_github(SECRET, BODY)}
+    assert signatures.sign_stripe(SECRET, BODY, NOW + 0.9) == sign_stripe(SECRET, BODY, int(NOW))
+    assert signatures.sign_slack(SECRET, BODY, NOW) == sign_slack(SECRET, BODY, int(NOW))
+    assert signatures.sign_cairn(SECRET, BODY, NOW) == sign_cairn(SECRET, BODY)
+    for fmt in ("sha256=hex", "hex", "base64"):
+        config = GenericHmac(header="X-Sig", format=fmt)  # type: ignore[arg-type]
+        assert signatures.generic_hmac_signer(config)(SECRET, BODY, NOW) == sign_generic(SECRET, BODY, config)

@@ -115,15 +115,28 @@ def test_producer_delivery_id(source: str, headers: dict[str, str], document: ob
 
 def test_kind_rule_per_row() -> None:
     forge = {"x-github-event": "issues", "x-gitea-event": "push", "x-cairn-event": "forged"}
-    for name in ("github", "gitea", "stripe", "slack", "generic"):
-        assert derive_kind(name, forge, {"kind": "body"}) == "issues"
+    for name in ("github", "gitea", "generic"):
+        assert derive_kind(name, forge, {"kind": "body", "type": "body"}) == "issues"
     assert derive_kind("gitea", {"x-gitea-event": "push", "x-cairn-event": "c"}, None) == "push"
     # cairn's kind is its signed body's; the unsigned header never stands in.
     assert derive_kind("cairn", forge, {"kind": "artifact.created"}) == "artifact.created"
     assert derive_kind("cairn", forge, {}) is None
+    # Stripe's is the signed event's type; the forge headers never stand in, whatever a sender adds.
+    assert derive_kind("stripe", forge, {"id": "evt_1", "type": "payment_intent.succeeded"}) == (
+        "payment_intent.succeeded"
+    )
+    for unkinded in ({"id": "evt_1"}, {"type": ""}, {"type": 7}, ["type"], None):
+        assert derive_kind("stripe", forge, unkinded) is None
+    # Slack's is an event_callback's inner event type, else the envelope's own type (the handshake).
+    callback = {"type": "event_callback", "event_id": "Ev1", "event": {"type": "app_mention"}}
+    assert derive_kind("slack", forge, callback) == "app_mention"
+    assert derive_kind("slack", forge, {"type": "url_verification", "challenge": "c"}) == "url_verification"
+    assert derive_kind("slack", forge, {"type": "event_callback", "event": "app_mention"}) == "event_callback"
+    assert derive_kind("slack", forge, {"event": {"type": 1}}) is None
     # A source this build does not know falls back to the forge headers, as before the table.
     assert derive_kind("bitbucket", forge, None) == "issues"
     assert delivery_kind("generic", None, {"ce-type": "com.example.t", "ce-id": "1"}, None) == "com.example.t"
+    assert derive_kind("stripe", {}, {"type": "x" * 300}) == "x" * 255 + "…"
 
 
 def test_issue_projection_providers() -> None:
