@@ -71,13 +71,6 @@ async def open_pool(url: str, *, max_size: int = 10, min_size: int = 1, pool_tim
 
 
 @translates_errors
-async def ping(pool: Pool, *, wait: float) -> None:
-    """One round trip on a pool connection, waiting at most `wait` seconds for the connection (health checks)."""
-    async with pool.connection(timeout=wait) as conn:
-        await conn.execute("SELECT 1")
-
-
-@translates_errors
 def ensure_database(server_url: str, database: str) -> None:
     """Create `database` on the server unless it exists (the embedded dev cluster)."""
     with psycopg.connect(server_url, autocommit=True) as conn:

@@ -8,7 +8,6 @@ is on exactly one surface, so an admin verb is never a tool and never in an endp
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from api.deps import RateClass, Services
-from routing.text import unstorable_field
+from routing.text import loads_bounded, unstorable_field
 from store.models import Caller
 
 Surface = Literal["agent", "admin"]
@@ -97,7 +96,7 @@ def json_file(value: str) -> Any:
     """A command-line argument naming a JSON file (`-`: standard input), parsed."""
     try:
         text = sys.stdin.read() if value == "-" else Path(value).read_text()
-        return json.loads(text)
+        return loads_bounded(text)
     except OSError as exc:
         raise argparse.ArgumentTypeError(f"cannot read {value}: {exc.strerror or exc}") from None
     except ValueError as exc:

@@ -13,7 +13,7 @@ import secrets
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -74,7 +74,7 @@ _WAIT_DOC = "how long to wait for the outcome before answering pending with the 
 
 class RerouteEventInput(VerbInput):
     event_id: str = Field(min_length=1, max_length=1000, description="an event of one of your human's webhooks")
-    dry_run: bool = Field(default=False, description="answer what re-routing would decide; write nothing")
+    dry_run: StrictBool = Field(default=False, description="answer what re-routing would decide; write nothing")
     wait_seconds: float = Field(default=WAIT_DEFAULT, ge=0, le=WAIT_MAX, description=_WAIT_DOC)
 
 
@@ -97,7 +97,7 @@ class RerouteEventsVerbInput(VerbInput):
     since: datetime | None = Field(default=None, description="received at or after this instant")
     until: datetime | None = Field(default=None, description="received before this instant")
     limit: int = Field(default=50, ge=1, le=REROUTE_MAX, description="most recent matching deliveries")
-    dry_run: bool = Field(default=False, description="answer the plan only; write nothing")
+    dry_run: StrictBool = Field(default=False, description="answer the plan only; write nothing")
     wait_seconds: float = Field(default=WAIT_DEFAULT, ge=0, le=WAIT_MAX, description=_WAIT_DOC)
 
 

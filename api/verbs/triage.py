@@ -9,7 +9,7 @@ the stage "not_run").
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from api.verbs.registry import READ, Context, Hints, VerbInput, verb
 from api.verbs.rules import FAMILY, WebhookInput
@@ -34,7 +34,7 @@ class SetLlmTriageInput(WebhookInput):
     threshold: float = Field(ge=0, le=1, description="answers less confident than this take the default")
     per_minute: int = Field(ge=0, description="this webhook's triage calls per minute (≤ the operator ceiling)")
     per_day: int = Field(ge=0, description="this webhook's triage calls per UTC day (≤ the operator ceiling)")
-    include_payload: bool = Field(
+    include_payload: StrictBool = Field(
         default=False, description="send the payload text (capped) to the provider too; recorded when enabled"
     )
     timeout_seconds: float | None = Field(
