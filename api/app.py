@@ -107,11 +107,13 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
                 async with asyncio.timeout(limit):
                     await probe()
                 return "ok"
+            except TimeoutError:
+                reason = f"no answer within {limit:g} s"
             except Exception as exc:
-                # Why, every time: a health check that only says "unavailable" sends an operator guessing.
-                reason = getattr(exc, "message", None) or str(exc) or "no answer"
-                log.warning("health check: %s unavailable: %s: %s", name, type(exc).__name__, reason[:300])
-                return "unavailable"
+                reason = f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
+            # Why, every time: a health check that only says "unavailable" sends an operator guessing.
+            log.warning("health check: %s unavailable: %s", name, reason[:300])
+            return "unavailable"
 
         # Both at once, each cut off after the health timeout: the answer comes inside a second whatever is down.
         pg, tp = await asyncio.gather(check("postgres", postgres), check("temporal", temporal))

@@ -33,8 +33,12 @@ STATUS: dict[str, int] = {
     "unknown_verb": 404,
     # A route called with a method it does not serve; the Allow header lists the ones it does.
     "method_not_allowed": 405,
+    # A request head or body not received in time (api/connections.py answers it before the app runs).
+    "request_timeout": 408,
     "conflict": 409,
     "too_large": 413,
+    # A request head over the header caps (api/connections.py).
+    "headers_too_large": 431,
     "invalid_argument": 422,
     # JSON nested deeper than routing.text.MAX_JSON_DEPTH, refused before anything reads it.
     "too_deep": 422,

@@ -11,6 +11,7 @@ from typing import Any
 import uvicorn
 
 from api.app import create_app
+from api.connections import ClientBounds, guarded_protocol
 from cli.embedded import missing_servers, start_postgres, temporal_dev_server
 from store.db import migrate
 from switchboard import tracing
@@ -20,11 +21,35 @@ from worker import running_worker
 log = logging.getLogger("switchboard.dev")
 
 
-def server_config(app: Any, **options: Any) -> uvicorn.Config:
-    """uvicorn settings for every way we serve the API: uvicorn's own X-Forwarded-For handling (and its
-    FORWARDED_ALLOW_IPS, which trusts 127.0.0.1 by default) is off, so SWITCHBOARD_FORWARDED_ALLOW_IPS, applied by
-    api/clientaddr.py, is the one place that decides which proxies are believed."""
-    return uvicorn.Config(app, proxy_headers=False, forwarded_allow_ips="", **options)
+def server_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Config:
+    """uvicorn settings for every way we serve the API.
+
+    - Clients are bounded (api/connections.py): read deadlines, a capped request head, connection caps per
+      address and in all, all from `settings`; WebSocket upgrades are off (the API serves none).
+    - uvicorn's own X-Forwarded-For handling (and its FORWARDED_ALLOW_IPS, which trusts 127.0.0.1 by default) is
+      off, so SWITCHBOARD_FORWARDED_ALLOW_IPS, applied by api/clientaddr.py, is the one place that decides which
+      proxies are believed.
+    - uvicorn configures no logging of its own: its lines reach the process's JSON handler (one object a line,
+      tracebacks included), and its access line is left to RequestLogMiddleware, which logs every request.
+    """
+    bounds = ClientBounds.from_settings(settings)
+    log.info(
+        "client bounds: request head within %g s, body within %g s; %d connections per address, %d in all",
+        bounds.head_seconds,
+        bounds.body_seconds,
+        bounds.per_address,
+        bounds.total,
+    )
+    return uvicorn.Config(
+        app,
+        http=guarded_protocol(bounds),
+        ws="none",
+        proxy_headers=False,
+        forwarded_allow_ips="",
+        log_config=None,
+        access_log=False,
+        **options,
+    )
 
 
 async def serve(settings: Settings, *, with_worker: bool = True) -> None:
@@ -42,7 +67,9 @@ async def serve(settings: Settings, *, with_worker: bool = True) -> None:
 
 
 def _server(app: Any, settings: Settings) -> uvicorn.Server:
-    return uvicorn.Server(server_config(app, host=settings.http_host, port=settings.http_port, log_level="warning"))
+    return uvicorn.Server(
+        server_config(app, settings, host=settings.http_host, port=settings.http_port, log_level="warning")
+    )
 
 
 def run_dev(settings: Settings) -> int:

@@ -86,6 +86,10 @@ JOIN agents a ON a.id = e.agent_id AND a.owner_human_id = %(human)s
 WHERE w.id = %(webhook)s
 """
 
+_EVENT_OWNED = f"""
+SELECT 1 FROM events ev {_OWNED} WHERE ev.id = %(event)s
+"""  # noqa: S608 - constant fragments only
+
 # Replay reads (routing.replay.History): by webhook, after the caller's ownership of it was checked.
 _REPLAY_COLUMNS = (
     "id, webhook_id, source, kind, trust_mode, verified, content_type, headers, payload, payload_size,"
@@ -334,6 +338,13 @@ class EventStore:
             cur = await conn.execute(_ONCE_CLAIMS, (webhook_id, list(keys)))
             rows = await cur.fetchall()
         return {r["once_key"]: r["event_id"] for r in rows}
+
+    @translates_errors
+    async def owns_event(self, caller: Caller, event_id: str) -> bool:
+        """Whether the event is on a webhook of the caller's human, deleted or not."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_EVENT_OWNED, {"event": event_id, "human": caller.human_id})
+            return await cur.fetchone() is not None
 
     @translates_errors
     async def owns_webhook(self, caller: Caller, webhook_id: str) -> bool:

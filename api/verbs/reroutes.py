@@ -170,6 +170,18 @@ async def _started(start: Any) -> Any:
         raise
 
 
+async def _owns_reroute(ctx: Context, workflow_id: str) -> bool:
+    """Whether the re-route this id would name (workflows/reroute.py) is of the caller's human's events."""
+    name = workflow_id.removeprefix("reroute-")
+    if name == workflow_id:
+        return False
+    history = history_of(ctx)
+    if name.startswith("batch-"):
+        return await history.owns_webhook(ctx.caller, name.removeprefix("batch-"))
+    event_id, _, nonce = name.rpartition("-")
+    return bool(event_id and nonce) and await history.owns_event(ctx.caller, event_id)
+
+
 _STATUS: dict[WorkflowExecutionStatus, RerouteStatus] = {
     WorkflowExecutionStatus.RUNNING: "running",
     WorkflowExecutionStatus.COMPLETED: "completed",
@@ -358,9 +370,12 @@ async def _progress(handle: WorkflowHandle[Any, Any]) -> RerouteProgress | None:
     ),
 )
 async def get_reroute(ctx: Context, data: GetRerouteInput) -> GetRerouteOutput:
-    client = _temporal(ctx)
-    if not data.workflow_id.startswith("reroute-"):
+    # Ownership first, from the id alone (a re-route's id names its original event, a bulk one its webhook), in
+    # one query: another human's re-route and one that does not exist take the same path and time to not_found,
+    # and neither reaches Temporal.
+    if not await _owns_reroute(ctx, data.workflow_id):
         raise NotFound(WORKFLOW_NOT_FOUND)
+    client = _temporal(ctx)
     handle: WorkflowHandle[Any, Any] = client.get_workflow_handle(data.workflow_id)
     try:
         desc = await handle.describe()
