@@ -295,12 +295,15 @@ class GuardedProtocol(HttpToolsProtocol):
     def _expired(self, reason: str) -> None:
         self._deadline = None
         bounds = self.gate.bounds
+        cycle = self.cycle
+        # A 408 only where it can be the answer to the request that timed out: none of its bytes are on the
+        # wire yet, and no earlier answer on this connection is still going out.
         if reason == "head_timeout":
             message = f"the request head was not received within {bounds.head_seconds:g} s"
+            unanswered = cycle is None or cycle.response_complete
         else:
             message = f"the request body was not received within {bounds.body_seconds:g} s of its head"
-        cycle = self.cycle
-        unanswered = cycle is None or cycle.response_complete or not cycle.response_started
+            unanswered = cycle is not None and not cycle.response_started
         self.cut(reason, _answer(408, "request_timeout", message) if unanswered else None)
 
     def cut(self, reason: str, answer: bytes | None) -> None:
