@@ -20,7 +20,7 @@ uses the httptools parser callbacks (`on_message_begin`, `on_header`, `on_header
   before any application code runs.
 - **Connections.** At most `per_address` open connections per client address (the TCP peer; a trusted proxy,
   SWITCHBOARD_FORWARDED_ALLOW_IPS, counts only in all) and `total` in all, `total` kept FD_RESERVE descriptors
-  under the process's limit. Past the per-address cap a new connection is answered 429 and closed at once. At
+  under the process's limit (the listen backlog, BACKLOG, bounds how many accepts can be in flight). Past the per-address cap a new connection is answered 429 and closed at once. At
   the global cap the oldest connection still waiting for its request head is closed to make room (it had at
   most `head_seconds` to live anyway); only when none is waiting is the new one refused (503). So slow
   connections from one address never keep health checks or producers at another address out, and the process
@@ -52,8 +52,12 @@ log = logging.getLogger("switchboard.http")
 
 MAX_HEADERS = 100
 MAX_HEAD_BYTES = 32 * 1024
-FD_RESERVE = 256
-"""Descriptors kept for everything but client connections: pools, Temporal, sandbox pipes, logs, accepts."""
+BACKLOG = 256
+"""The listen backlog. asyncio accepts up to this many connections in one loop tick before any of them reaches
+`connection_made` (where a refusal closes it), so that many descriptors can be taken before a cap is checked."""
+FD_RESERVE = 256 + 2 * BACKLOG
+"""Descriptors kept from client connections: the process's own (pools, Temporal, sandbox pipes, logs), one
+tick's accepts, and the previous tick's refusals still closing."""
 LOG_EVERY_SECONDS = 10.0
 
 

@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import random
+import resource
 import secrets
 import shutil
 import signal
@@ -41,6 +42,7 @@ import httpx
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
+from api.connections import FD_RESERVE
 from api.verbs import REGISTRY
 from routing.text import MAX_JSON_DEPTH
 from switchboard.settings import Settings
@@ -80,6 +82,7 @@ class Proc:
         self.popen: subprocess.Popen[bytes] | None = None
         self.expected_down = True  # the supervisor restarts the process only while this is False
         self.starts = 0
+        self.nofile: int | None = None  # its descriptor limit (soft and hard) from its next start; None: inherited
 
     @property
     def pid(self) -> int:
@@ -99,9 +102,14 @@ class Proc:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own group: a kill reaches its children (sandbox) too
+                preexec_fn=self._limit if self.nofile is not None else None,
             )
         self.starts += 1
         self.expected_down = False
+
+    def _limit(self) -> None:
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def signal(self, sig: int) -> None:
         """Send sig to the process group this Proc started (its pid is the group id)."""
@@ -848,6 +856,7 @@ class Counts:
     slow_one_address: int = 1000  # slow connections from one client address
     slow_spread: int = 4000  # more slow connections, spread over `slow_addresses` other addresses
     slow_addresses: int = 40
+    slow_nofile: int | None = 3000  # the API's descriptor limit during the slow-clients row (None: unchanged)
     hangups: int = 100  # producers hanging up mid-body
     hostile_rounds: int = 5  # each hostile body delivered this many times (fresh delivery ids)
 
@@ -864,6 +873,7 @@ SMALL = Counts(
     tail=3.0,
     slow_one_address=300,
     slow_spread=0,
+    slow_nofile=None,
     hangups=10,
     hostile_rounds=1,
 )
@@ -1080,48 +1090,87 @@ def _log_from(path: Path, offset: int) -> list[str]:
         return f.read().decode("utf-8", "replace").splitlines()
 
 
+class _SlowClient(asyncio.Protocol):
+    """One connection that is fed its request a byte at a time (by slow_clients' ticker) and records the answer."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.started = time.monotonic()
+        self.transport: asyncio.Transport | None = None
+        self.answer = b""
+        self.sent = 0
+        self.error: BaseException | None = None
+        self.life: float | None = None  # seconds from connecting to the server closing it
+        self.abandoned = False  # still open when the flood ended: closed by us, not by the server
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.answer += data
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.error = exc
+        self.life = time.monotonic() - self.started
+
+    def verdict(self) -> str:
+        if self.abandoned or self.life is None:
+            return "held past its head"
+        if self.answer:
+            return _answer_status(self.answer)
+        return "reset" if self.error is not None else "closed"
+
+
+def _restart(stack: FaultStack, api: Proc, nofile: int | None) -> None:
+    """Restart an API process with this descriptor limit (None: the campaign's own)."""
+    api.stop()
+    api.nofile = nofile
+    stack.start_api(api)
+
+
 async def slow_clients(stack: FaultStack, counts: Counts) -> Outcome:
     """Connections that send one byte a second and never a whole request head, under load: `slow_one_address`
-    from one address, `slow_spread` more over `slow_addresses` others (enough to reach the global cap in the full
-    run); /healthz probed from another address all along and after. Bound: the per-address cap (the rest refused
-    at once), the global cap, every slow connection cut at the head deadline, /healthz answered 200 every time."""
+    from one address, `slow_spread` more over `slow_addresses` others; with `slow_nofile`, the API restarted with
+    that descriptor limit first, so the flood outnumbers its descriptors (the full run). /healthz probed from
+    another address on a new connection every half second, during and after. Bound: the per-address cap (the rest
+    refused at once), the global cap (the oldest waiting connections evicted), every slow connection cut at the
+    head deadline, no `accept()` out of descriptors, /healthz answered 200 every time."""
     hook = await asyncio.to_thread(stack.hook, "slow-clients")
     api = stack.apis[0]
     port, base = stack.api_ports[api.name], stack.base(api)
+    offset = api.log.stat().st_size
     head_s = float(BOUND["http_head_timeout_seconds"].default)
     per_address = int(BOUND["http_max_connections_per_address"].default)
     total = int(BOUND["http_max_connections"].default)
-    verdicts: Counter[tuple[str, str]] = Counter()
-    lives: list[float] = []
+    clients: list[_SlowClient] = []
+    unconnected: Counter[str] = Counter()
     health: list[tuple[int | None, float]] = []
     open_max = 0.0
     stop = asyncio.Event()
     request = b"POST /webhooks/w/0123456789abcdef0123456789abcdef HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 100
 
-    async def slow(group: str, source: str) -> None:
-        started = time.monotonic()
+    async def connect(group: str, source: str) -> None:
+        loop = asyncio.get_running_loop()
+        client = _SlowClient(group)
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0)), 10
+            await asyncio.wait_for(
+                loop.create_connection(lambda: client, "127.0.0.1", port, local_addr=(source, 0)), 10
             )
         except (OSError, TimeoutError):
-            verdicts[(group, "no connection")] += 1
+            unconnected[group] += 1
             return
-        verdict = "held past its head"
-        try:
-            for byte in request:
-                writer.write(bytes([byte]))
-                try:
-                    verdict = _answer_status(await asyncio.wait_for(reader.read(4096), 1.0))
-                    break
-                except TimeoutError:
-                    continue
-        except ConnectionError:
-            verdict = "reset"
-        finally:
-            writer.close()
-        verdicts[(group, verdict)] += 1
-        lives.append(time.monotonic() - started)
+        clients.append(client)
+
+    async def tick() -> None:
+        # One byte a second to every connection still open: one timer for all of them.
+        while not stop.is_set():
+            for client in clients:
+                if client.life is None and client.transport is not None and client.sent < len(request):
+                    client.transport.write(request[client.sent : client.sent + 1])
+                    client.sent += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
 
     async def probe() -> None:
         nonlocal open_max
@@ -1132,49 +1181,75 @@ async def slow_clients(stack: FaultStack, counts: Counts) -> Outcome:
                 t0 = time.perf_counter()
                 try:
                     status: int | None = (await http.get(f"{base}/healthz")).status_code
+                    took = time.perf_counter() - t0
                     page = (await http.get(f"{base}/metrics")).text
                     open_max = max(open_max, _metric(page, "switchboard_http_connections"))
                 except httpx.HTTPError:
-                    status = None
-                health.append((status, time.perf_counter() - t0))
+                    status, took = None, time.perf_counter() - t0
+                health.append((status, took))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.5)
 
     async def fault(load: Load) -> list[tuple[float, float]]:
         began = time.time()
-        probing = asyncio.create_task(probe())
+        ticking, probing = asyncio.create_task(tick()), asyncio.create_task(probe())
         sources = [("one", "127.0.0.2")] * counts.slow_one_address + [
             ("spread", f"127.0.1.{1 + i % counts.slow_addresses}") for i in range(counts.slow_spread)
         ]
-        tasks = []
-        for i in range(0, len(sources), 250):  # opened in bursts the listen backlog takes
-            tasks += [asyncio.create_task(slow(group, source)) for group, source in sources[i : i + 250]]
+        for i in range(0, len(sources), 500):  # opened in bursts the listen backlog takes
+            await asyncio.gather(*(connect(group, source) for group, source in sources[i : i + 500]))
+        deadline = time.monotonic() + head_s + 30
+        while any(c.life is None for c in clients) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.2)
-        await asyncio.gather(*tasks)
         ended = time.time()
         await asyncio.sleep(3.0)  # /healthz after the flood: it must not stay broken
         stop.set()
-        await probing
+        await asyncio.gather(ticking, probing)
+        for client in clients:
+            if client.life is None and client.transport is not None:
+                client.abandoned = True
+                client.transport.close()
         return [(began, ended)]
 
-    out = await under_load(stack, hook, counts, f"slow clients ×{counts.slow_one_address + counts.slow_spread}", fault)
-    refused_one = verdicts[("one", "429")]
-    held_one = counts.slow_one_address - refused_one - verdicts[("one", "no connection")]
+    name = f"slow clients ×{counts.slow_one_address + counts.slow_spread}"
+    if counts.slow_nofile is not None:
+        # As on a host with a small descriptor limit: the flood has more connections than the process descriptors.
+        name += f", {counts.slow_nofile} fds"
+        total = min(total, counts.slow_nofile - FD_RESERVE)
+        await asyncio.to_thread(_restart, stack, api, counts.slow_nofile)
+        offset = api.log.stat().st_size
+    try:
+        out = await under_load(stack, hook, counts, name, fault)
+    finally:
+        if counts.slow_nofile is not None:
+            await asyncio.to_thread(_restart, stack, api, None)
+    verdicts = Counter(c.verdict() for c in clients) + Counter({"no connection": sum(unconnected.values())})
+    refused_one = sum(1 for c in clients if c.group == "one" and c.verdict() == "429")
+    held_one = sum(1 for c in clients if c.group == "one") - refused_one
     healthy = sum(1 for status, _ in health if status == 200)
     slowest_health = max((took for _, took in health), default=0.0)
-    longest = max(lives, default=0.0)
-    cut = Counter(v for (_, v) in verdicts.elements())
+    longest = max((c.life for c in clients if c.life is not None), default=0.0)
+    lines = _log_from(api.log, offset)
+    exhausted = sum("out of system resource" in line for line in lines)
+    served = []
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            if entry.get("message") == "request" and entry.get("path") == "/healthz":
+                served.append(float(entry.get("ms", 0)))
     out.bound = (
         f"one address held {held_one} (cap {per_address}), refused {refused_one} at once; at most {open_max:.0f}"
         f" open in all (cap {total}); longest slow connection {longest:.1f} s (head deadline {head_s:g} s);"
-        f" /healthz 200 ×{healthy}/{len(health)} (slowest {slowest_health:.2f} s); answers"
-        f" {', '.join(f'{k} ×{v}' for k, v in sorted(cut.items()))}"
+        f" accept() out of descriptors ×{exhausted}; /healthz 200 ×{healthy}/{len(health)} (slowest"
+        f" {slowest_health:.2f} s at the client, {max(served, default=0) / 1000:.2f} s in the API); answers"
+        f" {', '.join(f'{k} ×{v}' for k, v in sorted(verdicts.items()))}"
     )
     out.bound_held = (
         held_one <= per_address
         and open_max <= total
         and longest <= head_s + 5.0
-        and "held past its head" not in cut
+        and "held past its head" not in verdicts
+        and exhausted == 0
         and healthy == len(health) > 0
     )
     return out

@@ -11,7 +11,7 @@ from typing import Any
 import uvicorn
 
 from api.app import create_app
-from api.connections import ClientBounds, guarded_protocol
+from api.connections import BACKLOG, ClientBounds, guarded_protocol
 from cli.embedded import missing_servers, start_postgres, temporal_dev_server
 from store.db import migrate
 from switchboard import tracing
@@ -43,6 +43,7 @@ def server_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Confi
     return uvicorn.Config(
         app,
         http=guarded_protocol(bounds),
+        backlog=BACKLOG,
         ws="none",
         proxy_headers=False,
         forwarded_allow_ips="",

@@ -119,6 +119,28 @@ async def test_mcp_arguments_past_the_limit_are_refused_too(live_stack: Stack) -
         err = error_of(await session.call_tool("complete", {"todo_id": "td_x", "result": nested(MAX_JSON_DEPTH)}))
         assert err == {"code": "too_deep", "message": f"arguments is nested deeper than {MAX_JSON_DEPTH} levels"}
         assert structured(await session.call_tool("whoami", {}))["endpoint_id"] == agent.endpoint_id
+    # Deeper than the SDK itself parses: its JSON-RPC parse error, an answer all the same.
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "Authorization": f"Bearer {agent.credential}",
+    }
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    async with httpx.AsyncClient(base_url=live_stack.base_url, timeout=30) as http:
+        opened = await http.post("/mcp", json=init, headers=headers)
+        session_headers = {**headers, "mcp-session-id": opened.headers["mcp-session-id"]}
+        await http.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session_headers)
+        call = (
+            '{"jsonrpc": "2.0", "id": 2, "method": "tools/call",'
+            ' "params": {"name": "complete", "arguments": {"todo_id": "td_x", "result": ' + deep_text(5000) + "}}}"
+        )
+        resp = await http.post("/mcp", content=call.encode(), headers=session_headers)
+        assert resp.status_code == 400 and resp.json()["error"]["code"] == -32700, resp.text[:300]
 
 
 async def test_a_write_that_later_reads_could_not_answer_is_refused_before_it_is_applied(stack: Stack) -> None:
