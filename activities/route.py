@@ -18,6 +18,7 @@ from activities.models import (
 from routing.delivery import CommitInput, CommitResult, FaultCommitInput
 from routing.models import Evaluation, Fault
 from routing.router import RuleEvaluator
+from routing.rules import describe_rule
 from store.deliveries import DeliveryStore
 from store.errors import NotFound
 from store.webhooks import WebhookStore
@@ -52,10 +53,11 @@ class AdmittingEvaluator(Protocol):
 
 
 def _fault_line(fault: dict[str, object]) -> str:
-    """``rule 2 (rl_…): timeout`` for one fault on a trace; index -1 is the evaluation as a whole."""
+    """``rule index 2 (id "rl_…"): timeout`` for one fault on a trace; index -1 is the evaluation as a whole."""
     index, rule_id, cause = fault.get("rule_index"), fault.get("rule_id"), fault.get("cause")
-    where = "evaluation" if index == -1 else f"rule {index}"
-    return f"{where}{f' ({rule_id})' if rule_id else ''}: {cause}"
+    if not isinstance(index, int) or index == -1:
+        return f"evaluation: {cause}"
+    return f"{describe_rule(index, rule_id if isinstance(rule_id, str) else None, None)}: {cause}"
 
 
 class RouteActivities:

@@ -15,7 +15,7 @@ from temporalio.client import Client
 from api import ingest, stream
 from api.clientaddr import ClientAddressMiddleware
 from api.codec import codec_router
-from api.deps import HealthPoolDep, Services, SettingsDep, TemporalDep
+from api.deps import HealthDep, Services, SettingsDep, TemporalDep
 from api.docs import install_docs
 from api.doorbell import run_doorbell
 from api.errors import install_error_handlers
@@ -23,8 +23,8 @@ from api.mcp import McpSurface
 from api.metrics import router as metrics_router
 from api.middleware import AgentAuthMiddleware, BodyLimitMiddleware, RequestLogMiddleware
 from api.surface import install_verb_routes
+from api.verbs import ADMIN_VERBS, REGISTRY
 from runtime.root import api_resources
-from store.db import ping
 from switchboard import tracing
 from switchboard.logs import install_masking
 from switchboard.settings import Settings
@@ -81,7 +81,7 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
         docs_url=None,
         redoc_url=None,
     )
-    install_error_handlers(app)
+    install_error_handlers(app, {"/v1/": REGISTRY, "/admin/v1/": ADMIN_VERBS})
     install_docs(app)
     app.include_router(metrics_router)
     app.include_router(ingest.router)
@@ -91,11 +91,11 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
     mcp.install(app)
 
     @app.get("/healthz", summary="Ready when PostgreSQL and Temporal answer.", tags=["health"])
-    async def healthz(settings: SettingsDep, health_pool: HealthPoolDep, client: TemporalDep) -> JSONResponse:
+    async def healthz(settings: SettingsDep, health: HealthDep, client: TemporalDep) -> JSONResponse:
         limit = settings.health_timeout_seconds
 
         async def postgres() -> None:
-            await ping(health_pool, wait=limit)
+            await health.ping(wait=limit)
 
         async def temporal() -> None:
             if client is None:
@@ -103,16 +103,21 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
             if not await client.service_client.check_health(timeout=timedelta(seconds=limit)):
                 raise RuntimeError("Temporal reports unhealthy")
 
-        async def check(probe: Callable[[], Awaitable[None]]) -> str:
+        async def check(name: str, probe: Callable[[], Awaitable[None]]) -> str:
             try:
                 async with asyncio.timeout(limit):
                     await probe()
                 return "ok"
-            except Exception:
-                return "unavailable"
+            except TimeoutError:
+                reason = f"no answer within {limit:g} s"
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
+            # Why, every time: a health check that only says "unavailable" sends an operator guessing.
+            log.warning("health check: %s unavailable: %s", name, reason[:300])
+            return "unavailable"
 
         # Both at once, each cut off after the health timeout: the answer comes inside a second whatever is down.
-        pg, tp = await asyncio.gather(check(postgres), check(temporal))
+        pg, tp = await asyncio.gather(check("postgres", postgres), check("temporal", temporal))
         checks = {"postgres": pg, "temporal": tp}
         ok = all(v == "ok" for v in checks.values())
         return JSONResponse({"status": "ok" if ok else "degraded", **checks}, status_code=200 if ok else 503)

@@ -36,6 +36,12 @@ def _trusted(address: ipaddress.IPv4Address | ipaddress.IPv6Address, networks: I
     return any(address.version == net.version and address in net for net in networks)
 
 
+def is_trusted_proxy(peer: str, trusted: tuple[Network, ...]) -> bool:
+    """Whether a TCP peer is one of the trusted proxies (SWITCHBOARD_FORWARDED_ALLOW_IPS)."""
+    address = _address(peer) if trusted else None
+    return address is not None and _trusted(address, trusted)
+
+
 def client_address(peer: str | None, forwarded_for: list[str], trusted: tuple[Network, ...]) -> str | None:
     """The client's address: the peer unless it is a trusted proxy that forwarded a usable hop."""
     if not trusted or peer is None or not forwarded_for:

@@ -19,7 +19,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from temporalio.api.common.v1 import Payloads
 
-from api.errors import error_body, status_for
+from api.errors import error_response
 from switchboard.codec import PayloadKeyError, payload_codec
 from switchboard.settings import Settings
 
@@ -39,7 +39,7 @@ def session_value(admin_token: str) -> str:
 
 
 def _error(code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(code, message), status_code=status_for(code), headers=headers)
+    return error_response(code, message, headers)
 
 
 def codec_router(settings: Settings) -> APIRouter:

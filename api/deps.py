@@ -20,6 +20,7 @@ from store.db import Pool
 from store.deliveries import DeliveryStore
 from store.errors import Unauthenticated
 from store.events import EventStore
+from store.health import HealthProbe
 from store.identity import IdentityStore
 from store.inbox import InboxStore
 from store.llm import LlmStore
@@ -44,7 +45,7 @@ class Services:
     settings: Settings
     pool: Pool
     # Its own connection, so /healthz answers in bounded time however busy the request pool is.
-    health_pool: Pool
+    health: HealthProbe
     temporal: Client | None
     identities: IdentityStore
     webhooks: WebhookStore
@@ -82,7 +83,7 @@ class Services:
         return cls(
             settings=settings,
             pool=resources.pool,
-            health_pool=resources.health_pool,
+            health=resources.health,
             temporal=resources.temporal,
             identities=stores.identities,
             webhooks=stores.webhooks,
@@ -163,12 +164,12 @@ async def get_temporal(svc: ServicesDep) -> Client | None:
 TemporalDep = Annotated[Client | None, Depends(get_temporal)]
 
 
-async def get_health_pool(svc: ServicesDep) -> Pool:
-    """The one-connection pool of /healthz."""
-    return svc.health_pool
+async def get_health(svc: ServicesDep) -> HealthProbe:
+    """The PostgreSQL probe of /healthz."""
+    return svc.health
 
 
-HealthPoolDep = Annotated[Pool, Depends(get_health_pool)]
+HealthDep = Annotated[HealthProbe, Depends(get_health)]
 
 
 async def get_doorbell(svc: ServicesDep) -> DoorbellHub:

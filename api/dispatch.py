@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -18,6 +19,7 @@ from api.deps import Services
 from api.errors import public_error, status_for, validation_message
 from api.ratelimit import retry_after
 from api.verbs.registry import AdminContext, Context, Verb
+from routing.text import JsonTooDeep, loads_bounded, nests_deeper
 from store.errors import DomainError
 from store.models import Caller
 
@@ -27,14 +29,14 @@ log = logging.getLogger("switchboard.api")
 class Refusal(Exception):
     """A verb call that ends in an error answer: a stable code, a client-safe message, the code's HTTP status."""
 
-    def __init__(self, code: str, message: str, *, retry_after: str | None = None, status: int | None = None) -> None:
+    def __init__(self, code: str, message: str, *, retry_after: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.retry_after = retry_after
         """Whole seconds until the caller's bucket has a token again (rate_limited only)."""
-        self.status = status if status is not None else status_for(code)
-        """The code's status (api/errors.py), unless a framework status stands (a body that cannot be read)."""
+        self.status = status_for(code)
+        """The code's HTTP status (api/errors.py)."""
 
 
 def admit(services: Services, caller: Caller, verb: Verb | None) -> None:
@@ -49,15 +51,41 @@ def admit(services: Services, caller: Caller, verb: Verb | None) -> None:
         raise Refusal("rate_limited", "rate limit exceeded", retry_after=retry_after(wait))
 
 
+def _not_json(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
+
+
+def _integer(digits: str) -> int:
+    # Python converts at most sys.get_int_max_str_digits() digits; say so rather than how Python says it.
+    if len(digits) - digits.startswith("-") > sys.get_int_max_str_digits():
+        raise ValueError(f"an integer has more than {sys.get_int_max_str_digits()} digits")
+    return int(digits)
+
+
+def parse_arguments(body: bytes, whole: str) -> Any:
+    """A request body as JSON: UTF-8, strict JSON, at most MAX_JSON_DEPTH deep; every refusal a 422 saying why."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refusal("invalid_argument", f"{whole} is not UTF-8 text (byte {exc.start} of {len(body)})") from None
+    try:
+        return loads_bounded(text, parse_constant=_not_json, parse_int=_integer)
+    except JsonTooDeep as exc:
+        raise Refusal("too_deep", f"{whole} is {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise Refusal(
+            "invalid_argument", f"{whole} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    except ValueError as exc:  # an integer of more digits than Python converts, NaN or Infinity
+        raise Refusal("invalid_argument", f"{whole} is not JSON this API accepts: {exc}") from None
+
+
 def decode(verb: Verb, arguments: Any, whole: str) -> BaseModel:
     """The verb's input from its arguments: a JSON request body (bytes) or already-parsed JSON (an MCP call)."""
     if isinstance(arguments, bytes):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as exc:
-            raise Refusal("invalid_argument", f"{exc.pos}: JSON decode error") from None
-        except ValueError:  # bytes that are not UTF-8 (nor UTF-16/32): 400, as FastAPI answers them
-            raise Refusal("invalid_argument", "There was an error parsing the body", status=400) from None
+        arguments = parse_arguments(arguments, whole)
+    elif nests_deeper(arguments):
+        raise Refusal("too_deep", f"{whole} is {JsonTooDeep()}")
     try:
         return verb.input.model_validate(arguments)
     except ValidationError as exc:

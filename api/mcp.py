@@ -37,10 +37,9 @@ from starlette.types import Message, Receive, Scope, Send
 from api.deps import Services, services
 from api.dispatch import Refusal, dispatch
 from api.doorbell import StreamClosed
-from api.errors import error_body, public_error, status_for
-from api.middleware import send_json
+from api.errors import public_error, unknown_verb_message
+from api.middleware import send_error
 from api.verbs import REGISTRY
-from routing.text import clean_text
 from store.errors import DomainError
 from store.models import Caller
 
@@ -157,7 +156,7 @@ class McpSurface:
             return _error(*public_error(exc, "mcp"))
         verb = REGISTRY.get(params.name)
         if verb is None:
-            return _error("not_found", f"unknown tool {clean_text(params.name[:100])}")
+            return _error("unknown_verb", unknown_verb_message(params.name, self._tools))
         try:
             result = await dispatch(verb, _services(ctx), caller, params.arguments or {}, whole="arguments")
         except Refusal as refusal:
@@ -189,9 +188,7 @@ class McpSurface:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         caller = scope.get("state", {}).get("caller")
         if not isinstance(caller, Caller):  # AgentAuthMiddleware answers first; this is a second lock
-            await send_json(
-                send, status_for("unauthenticated"), error_body("unauthenticated", "missing bearer credential")
-            )
+            await send_error(send, "unauthenticated", "missing bearer credential")
             return
         # Binds each session to the endpoint that opened it: the SDK answers 404 to anyone else.
         scope["user"] = AuthenticatedUser(

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.bodies import read_capped
 from api.deps import Services
 from api.dispatch import Refusal, admit
-from api.errors import error_body, public_error, status_for
+from api.errors import error_body, error_headers, public_error, status_for
 from api.surface import serve_agent_verb
 from api.verbs import REGISTRY
 from store.errors import DomainError, Unauthenticated
@@ -55,6 +55,12 @@ async def send_json(
         }
     )
     await send({"type": "http.response.body", "body": raw})
+
+
+async def send_error(send: Send, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+    """An error answer straight from middleware: the code's status, its body, and its headers (api/errors.py)."""
+    extra = [(k.lower().encode(), v.encode()) for k, v in error_headers(code, message, headers).items()]
+    await send_json(send, status_for(code), error_body(code, message), extra)
 
 
 class RequestLogMiddleware:
@@ -135,12 +141,7 @@ class BodyLimitMiddleware:
         except ClientDisconnect:
             return
         if read is None:
-            await send_json(
-                send,
-                status_for("too_large"),
-                error_body("too_large", "request body too large"),
-                [(b"connection", b"close")],
-            )
+            await send_error(send, "too_large", "request body too large", {"Connection": "close"})
             return
         body = read
         if (
@@ -187,26 +188,15 @@ class AgentAuthMiddleware:
                 if raw[:7].lower() == "bearer ":
                     token = raw[7:].strip()
         if not token:
-            await send_json(
-                send,
-                status_for("unauthenticated"),
-                error_body("unauthenticated", "missing bearer credential"),
-                [(b"www-authenticate", b"Bearer")],
-            )
+            await send_error(send, "unauthenticated", "missing bearer credential")
             return
         try:
             caller = await services.credentials.authenticate(token)
         except Unauthenticated as exc:
-            await send_json(
-                send,
-                status_for(exc.code),
-                error_body(exc.code, exc.message),
-                [(b"www-authenticate", b"Bearer")],
-            )
+            await send_error(send, exc.code, exc.message)
             return
         except DomainError as exc:
-            code, message = public_error(exc, "authenticate")
-            await send_json(send, status_for(code), error_body(code, message))
+            await send_error(send, *public_error(exc, "authenticate"))
             return
         verb = REGISTRY.get(path[len("/v1/") :]) if path.startswith("/v1/") else None
         if verb is not None and scope.get("method") == "POST":
@@ -220,8 +210,8 @@ class AgentAuthMiddleware:
             try:
                 admit(services, caller, None)
             except Refusal as refusal:
-                headers = [(b"retry-after", refusal.retry_after.encode())] if refusal.retry_after else []
-                await send_json(send, refusal.status, error_body(refusal.code, refusal.message), headers)
+                headers = {"Retry-After": refusal.retry_after} if refusal.retry_after else None
+                await send_error(send, refusal.code, refusal.message, headers)
                 return
         scope.setdefault("state", {})["caller"] = caller
         await self.app(scope, receive, send)

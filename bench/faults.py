@@ -5,11 +5,13 @@ Real processes on one machine: embedded PostgreSQL, the Temporal dev server, `sw
 ×20 mid-delivery, Temporal stopped 20 s, PostgreSQL stopped 20 s, the API restarted, a duplicate storm
 (10 ids × 50 concurrent posts), and the scale-out shape (2 APIs + 2 workers, one of each SIGKILLed, an SSE
 client on each API), and the API stopped 30 s while a fake GitHub sends, then the webhook's reconciler has GitHub
-redeliver what was refused (reconcile). Target: lost 0 and doubled 0 on every row; 503 only while Temporal and
+redeliver what was refused (reconcile). Client bounds: 5,000 slow connections (1,000 from one address), 100
+producers hanging up mid-body, hostile stored bodies, hostile verb calls, each row with its bound measured and
+checked. Target: lost 0, doubled 0 and stranded 0 on every row, every bound held; 503 only while Temporal and
 PostgreSQL are both down.
 
-    python bench/faults.py [--only worker,temporal,freeze,postgres,api,storm,scaleout,reconcile] [--kills 20]
-                           [--outage 20]
+    python bench/faults.py [--only worker,temporal,freeze,postgres,api,storm,scaleout,reconcile,slow,hangups,bodies,calls]
+                           [--kills 20] [--outage 20]
 """
 
 from __future__ import annotations

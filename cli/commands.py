@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from routing.text import loads_bounded
+
 COMMANDS_FILE = Path(__file__).with_name("commands.json")
 
 
@@ -29,7 +31,7 @@ def json_file(value: str) -> Any:
     """A command-line argument naming a JSON file (`-`: standard input), parsed."""
     try:
         text = sys.stdin.read() if value == "-" else Path(value).read_text()
-        return json.loads(text)
+        return loads_bounded(text)
     except OSError as exc:
         raise argparse.ArgumentTypeError(f"cannot read {value}: {exc.strerror or exc}") from None
     except ValueError as exc:

@@ -22,6 +22,7 @@ from typing import Any
 import uvicorn
 
 from api.app import create_app
+from api.connections import BACKLOG, ClientBounds, guarded_protocol
 from cli.embedded import (
     POSTGRES,
     TEMPORAL,
@@ -45,11 +46,36 @@ CHILD_POLL_SECONDS = 0.2
 """How often the stack looks at the servers it started."""
 
 
-def server_config(app: Any, **options: Any) -> uvicorn.Config:
-    """uvicorn settings for every way we serve the API: uvicorn's own X-Forwarded-For handling (and its
-    FORWARDED_ALLOW_IPS, which trusts 127.0.0.1 by default) is off, so SWITCHBOARD_FORWARDED_ALLOW_IPS, applied by
-    api/clientaddr.py, is the one place that decides which proxies are believed."""
-    return uvicorn.Config(app, proxy_headers=False, forwarded_allow_ips="", **options)
+def server_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Config:
+    """uvicorn settings for every way we serve the API.
+
+    - Clients are bounded (api/connections.py): read deadlines, a capped request head, connection caps per
+      address and in all, all from `settings`; WebSocket upgrades are off (the API serves none).
+    - uvicorn's own X-Forwarded-For handling (and its FORWARDED_ALLOW_IPS, which trusts 127.0.0.1 by default) is
+      off, so SWITCHBOARD_FORWARDED_ALLOW_IPS, applied by api/clientaddr.py, is the one place that decides which
+      proxies are believed.
+    - uvicorn configures no logging of its own: its lines reach the process's JSON handler (one object a line,
+      tracebacks included), and its access line is left to RequestLogMiddleware, which logs every request.
+    """
+    bounds = ClientBounds.from_settings(settings)
+    log.info(
+        "client bounds: request head within %g s, body within %g s; %d connections per address, %d in all",
+        bounds.head_seconds,
+        bounds.body_seconds,
+        bounds.per_address,
+        bounds.total,
+    )
+    return uvicorn.Config(
+        app,
+        http=guarded_protocol(bounds),
+        backlog=BACKLOG,
+        ws="none",
+        proxy_headers=False,
+        forwarded_allow_ips="",
+        log_config=None,
+        access_log=False,
+        **options,
+    )
 
 
 async def serve(settings: Settings, *, with_worker: bool = True, children: Sequence[Child] = ()) -> str | None:
@@ -92,7 +118,9 @@ async def _serve_watching(server: uvicorn.Server, children: Sequence[Child]) -> 
 
 
 def _server(app: Any, settings: Settings) -> uvicorn.Server:
-    return uvicorn.Server(server_config(app, host=settings.http_host, port=settings.http_port, log_level="warning"))
+    return uvicorn.Server(
+        server_config(app, settings, host=settings.http_host, port=settings.http_port, log_level="warning")
+    )
 
 
 class Busy(Exception):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -14,6 +13,7 @@ from routing.text import (
     MAX_SUBJECT_CHARS,
     cap_text,
     clean_json,
+    loads_bounded,
     may_hold_surrogate,
     replace_lone_surrogates,
 )
@@ -82,6 +82,9 @@ def _reject_constant(text: str) -> Any:
 def parse_payload_checked(body: bytes) -> tuple[Any, bool]:
     """The body as exactly one JSON value (or None), and whether a lone surrogate in it was replaced.
 
+    None too for a body nested deeper than MAX_JSON_DEPTH (routing/text.py): it routes on `.payload: null` and its
+    todos have no jsonb copy, like a body that is not JSON; the event keeps its bytes either way.
+
     The rule for .payload (README "Routing rules"): each lone surrogate escape (``"\\ud800"``) in a string
     or key becomes U+FFFD, so rules still route on every other field and the envelope stays encodable as
     UTF-8; NUL stays as sent. The raw body is what the event keeps; the todo's jsonb copy is then null.
@@ -89,8 +92,9 @@ def parse_payload_checked(body: bytes) -> tuple[Any, bool]:
     try:
         # Decode as UTF-8 ourselves: json.loads(bytes) would also sniff UTF-16/32, which no producer sends.
         text = body.decode("utf-8")
-        value = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        # Past the one JSON depth limit (JsonTooDeep, a ValueError) the body is bytes only: no .payload, no jsonb copy.
+        value = loads_bounded(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError):
         return None, False
     if may_hold_surrogate(body):
         return replace_lone_surrogates(value)

@@ -151,13 +151,13 @@ def check_expression(expr: str, compiled: Compiled | None = None) -> tuple[str, 
 
 
 def describe_rule(index: int, rule_id: str | None, rule_name: str | None) -> str:
-    """`rule 2 (id "x", name "y")`: how every message names the offending rule."""
+    """`rule index 2 (id "x", name "y")`: how every message names a rule (indexes count from 0, as in the list)."""
     parts = []
     if rule_id is not None:
         parts.append(f"id {json.dumps(rule_id, ensure_ascii=False)}")
     if rule_name is not None:
         parts.append(f"name {json.dumps(rule_name, ensure_ascii=False)}")
-    return f"rule {index}" + (f" ({', '.join(parts)})" if parts else "")
+    return f"rule index {index}" + (f" ({', '.join(parts)})" if parts else "")
 
 
 @dataclass(frozen=True)
@@ -293,7 +293,7 @@ def _validate_rule(
 ) -> dict[str, Any]:
     """One rule, in the order: shape, id, name, expression, action."""
     if not isinstance(rule, dict):
-        raise _Where(f"rule {index}", index).error("invalid_rule", "a rule must be an object")
+        raise _Where(describe_rule(index, None, None), index).error("invalid_rule", "a rule must be an object")
     raw_id = rule.get("id")
     raw_name = rule.get("name")
     shown_id = raw_id if isinstance(raw_id, str) else None

@@ -11,12 +11,13 @@ import base64
 import binascii
 import hashlib
 import hmac
-import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
+
+from routing.text import loads_bounded
 
 REPLAY_WINDOW_S = 300
 
@@ -214,10 +215,13 @@ def parse_rfc3339(value: str) -> datetime | None:
 
 
 def json_object(body: bytes) -> dict[str, Any] | None:
-    """The body as a JSON object, or None; how signed-body fields (cairn's event_id, delivery ids) are read."""
+    """The body as a JSON object, or None; how signed-body fields (cairn's event_id, delivery ids) are read.
+
+    A body nested past MAX_JSON_DEPTH has no fields, as for `.payload` (routing/envelope.py).
+    """
     try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        value = loads_bounded(body)
+    except (ValueError, UnicodeDecodeError):
         return None
     return value if isinstance(value, dict) else None
 

@@ -13,11 +13,16 @@ retry. Every boundary that turns producer input into stored or routed text calls
 - caller input (verb arguments) holding either one is *refused* (invalid_argument), never cleaned, since
   a caller can fix it and a silent rewrite would store something the caller did not send.
 
+It also holds the one JSON depth limit (MAX_JSON_DEPTH) every boundary applies: verb arguments deeper are refused
+(too_deep), a delivery body deeper routes and is stored as bytes only, and a stored body deeper is read back as
+text.
+
 Pure and stdlib only.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -34,6 +39,12 @@ MAX_HEADERS_TOTAL_CHARS = 65536
 MAX_DELIVERY_ID_BYTES = 256
 MAX_SUBJECT_CHARS = 256
 MAX_DETAIL_CHARS = 512
+
+# The deepest JSON accepted anywhere, counted in containers (`{"a": [1]}` is 2 deep); README "Limits". No producer
+# payload or verb argument comes near it (GitHub's nest under 10), while everything a value passes through handles
+# it with room to spare: pydantic parses JSON to about 200 levels and serializes to about 250 (with the models
+# around the value), Python's json to about 1,000, libjq to 10,000, PostgreSQL's jsonb to thousands.
+MAX_JSON_DEPTH = 64
 
 # In a Python str, a surrogate pair from a JSON escape is already one astral code point, so any code point in
 # this range is a lone surrogate.
@@ -117,6 +128,42 @@ def clean_json(value: Any) -> Any:
         return {clean_text(k): clean_json(v) for k, v in value.items()}
     if isinstance(value, list):
         return [clean_json(v) for v in value]
+    return value
+
+
+def nests_deeper(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether a parsed JSON value nests more than `limit` containers deep (walked level by level, no recursion)."""
+    level = [value] if isinstance(value, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        below = []
+        for item in level:
+            for child in item.values() if isinstance(item, dict) else item:
+                if isinstance(child, dict | list):
+                    below.append(child)
+        level = below
+    return False
+
+
+class JsonTooDeep(ValueError):
+    """JSON nested deeper than MAX_JSON_DEPTH."""
+
+    def __init__(self) -> None:
+        super().__init__(f"nested deeper than {MAX_JSON_DEPTH} levels")
+
+
+def loads_bounded(text: str | bytes, **hooks: Any) -> Any:
+    """json.loads within MAX_JSON_DEPTH: deeper is JsonTooDeep (a ValueError, like every other refusal), never a
+    RecursionError, and never a value that a later reader or writer cannot handle."""
+    try:
+        value = json.loads(text, **hooks)
+    except RecursionError:
+        raise JsonTooDeep() from None
+    if nests_deeper(value):
+        raise JsonTooDeep()
     return value
 
 

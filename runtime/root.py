@@ -5,7 +5,7 @@ A process plays one or both of two roles, and each role gets its resources here:
 - the **worker** role (`worker.running_worker`: `switchboard worker`, and the worker an API process hosts):
   a pool whose callers (activities) wait for a connection, the evaluation sandbox, a connected client;
 - the **API** role (`api.app.create_app`'s lifespan): a pool whose callers (requests) give up after
-  `SWITCHBOARD_DB_POOL_TIMEOUT` and answer 503, a one-connection pool for /healthz, the rule verbs' own sandbox,
+  `SWITCHBOARD_DB_POOL_TIMEOUT` and answer 503, the /healthz probe's own connection, the rule verbs' own sandbox,
   a lazily connected client (the API comes up, and accepts into the inbox, while Temporal is unreachable).
 
 A process hosting both roles (`switchboard dev`, `switchboard api` with SWITCHBOARD_API_WORKER) shares one
@@ -30,6 +30,7 @@ from store.db import Pool, open_pool
 from store.deliveries import DeliveryStore
 from store.doorbell import DoorbellStore
 from store.events import EventStore
+from store.health import HealthProbe
 from store.identity import IdentityStore
 from store.inbox import InboxStore
 from store.llm import Ceilings, LlmStore
@@ -161,7 +162,7 @@ class ApiResources:
     """What the API role runs on."""
 
     pool: Pool
-    health_pool: Pool
+    health: HealthProbe
     stores: Stores
     rule_sandbox: SandboxPool
     temporal: Client | None
@@ -190,11 +191,11 @@ async def api_resources(settings: Settings, *, temporal: Client | None = None) -
         rule_sandbox = rule_test_sandbox(settings)
         stack.push_async_callback(rule_sandbox.close)
         # Its own connection, so /healthz answers in bounded time however busy the request pool is.
-        health_pool = await open_pool(url, max_size=1, min_size=1, pool_timeout=settings.health_timeout_seconds)
-        stack.push_async_callback(health_pool.close)
+        health = HealthProbe(url)
+        stack.push_async_callback(health.close)
         yield ApiResources(
             pool=pool,
-            health_pool=health_pool,
+            health=health,
             stores=build_stores(pool, settings),
             rule_sandbox=rule_sandbox,
             temporal=client,

@@ -142,13 +142,6 @@ async def open_pool(
 
 
 @translates_errors
-async def ping(pool: Pool, *, wait: float) -> None:
-    """One round trip on a pool connection within `wait` seconds in all, also while PostgreSQL hangs."""
-    async with bounded(wait), pool.connection() as conn:
-        await conn.execute("SELECT 1")
-
-
-@translates_errors
 def ensure_database(server_url: str, database: str) -> None:
     """Create `database` on the server unless it exists (the embedded dev cluster)."""
     with psycopg.connect(server_url, autocommit=True) as conn:

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from routing.models import EventDisposition
 from routing.replay import StoredEvent, StoredTodo
 from routing.reroute import StoredDelivery
+from routing.text import loads_bounded, may_hold_surrogate, replace_lone_surrogates
 from store.db import Pool
 from store.errors import InvalidArgument, NotFound, translates_errors
 from store.models import Caller
@@ -84,6 +85,10 @@ JOIN endpoints e ON e.id = w.endpoint_id
 JOIN agents a ON a.id = e.agent_id AND a.owner_human_id = %(human)s
 WHERE w.id = %(webhook)s
 """
+
+_EVENT_OWNED = f"""
+SELECT 1 FROM events ev {_OWNED} WHERE ev.id = %(event)s
+"""  # noqa: S608 - constant fragments only
 
 # Replay reads (routing.replay.History): by webhook, after the caller's ownership of it was checked.
 _REPLAY_COLUMNS = (
@@ -196,7 +201,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     """The sort key a cursor names; invalid_argument for anything this module did not mint."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        at, event_id = json.loads(raw)
+        at, event_id = loads_bounded(raw)
         parsed = datetime.fromisoformat(at)
         if not isinstance(event_id, str) or parsed.tzinfo is None:
             raise ValueError("cursor shape")
@@ -206,15 +211,22 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 def decode_payload(body: bytes) -> tuple[Any, str]:
-    """The stored body as JSON when it parses, else text, else base64; with the encoding used."""
+    """The stored body as JSON when it parses, else text, else base64; with the encoding used.
+
+    Whatever a producer sent, the answer can be written: a body nested past MAX_JSON_DEPTH, or holding a lone
+    surrogate escape (`"\\ud800"`, which no UTF-8 answer can carry as a character), is its exact text.
+    """
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         return base64.b64encode(body).decode(), "base64"
     try:
-        return json.loads(text), "json"
+        value = loads_bounded(text)
     except ValueError:
         return text, "text"
+    if may_hold_surrogate(body) and replace_lone_surrogates(value)[1]:
+        return text, "text"
+    return value, "json"
 
 
 class EventStore:
@@ -326,6 +338,13 @@ class EventStore:
             cur = await conn.execute(_ONCE_CLAIMS, (webhook_id, list(keys)))
             rows = await cur.fetchall()
         return {r["once_key"]: r["event_id"] for r in rows}
+
+    @translates_errors
+    async def owns_event(self, caller: Caller, event_id: str) -> bool:
+        """Whether the event is on a webhook of the caller's human, deleted or not."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(_EVENT_OWNED, {"event": event_id, "human": caller.human_id})
+            return await cur.fetchone() is not None
 
     @translates_errors
     async def owns_webhook(self, caller: Caller, webhook_id: str) -> bool:

@@ -32,6 +32,7 @@ from typing import Any
 from prometheus_client import (
     REGISTRY,
     Counter,
+    Gauge,
     Histogram,
     Info,
     disable_created_metrics,
@@ -132,6 +133,16 @@ DOORBELL_DROPS = Counter(
     "Doorbell rings dropped because the chosen stream's buffer was full, by transport (the todo stays pending).",
     ["transport"],
 )
+HTTP_CONNECTIONS = Gauge(
+    "switchboard_http_connections", "HTTP connections open on this API process (admitted by api/connections.py)."
+)
+HTTP_CONNECTIONS_CUT = Counter(
+    "switchboard_http_connections_cut",
+    "HTTP connections refused or closed by a client bound, by reason: per_address and global (refused at a"
+    " connection cap), evicted (the oldest connection still waiting for its request head, closed to make room at"
+    " the global cap), head_timeout and body_timeout (a request not read in time), head_too_large.",
+    ["reason"],
+)
 
 TRIAGE_CALLS = Counter(
     "switchboard_llm_triage_calls",
@@ -199,6 +210,11 @@ def record_ingest(source: str | None, status: int, seconds: float) -> None:
     label = bounded(source, "unknown")
     INGEST_REQUESTS.labels(source=label, status=str(status)).inc()
     INGEST_DURATION.labels(source=label).observe(seconds)
+
+
+def record_connection_cut(reason: str) -> None:
+    """One HTTP connection refused or closed by a client bound (api/connections.py)."""
+    HTTP_CONNECTIONS_CUT.labels(reason=bounded(reason)).inc()
 
 
 def record_delivery(source: str, decision: str, faults: Iterable[Mapping[str, Any]] = ()) -> None:

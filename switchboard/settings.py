@@ -50,6 +50,14 @@ class Settings(BaseSettings):
     home: Path = Path(".switchboard")
     http_host: str = "127.0.0.1"
     http_port: int = 8000
+    # Client bounds of every API process (api/connections.py): a request's line and headers must arrive within
+    # the head timeout of the connection opening (or of the request's first byte), its body within the body
+    # timeout of its headers; open connections are capped per client address and in all (the latter also by the
+    # process's descriptor limit). Connections from SWITCHBOARD_FORWARDED_ALLOW_IPS count only in all.
+    http_head_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
+    http_body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    http_max_connections: int = Field(default=4096, ge=2)
+    http_max_connections_per_address: int = Field(default=256, ge=1)
     public_url: str | None = None
     database_url: str | None = None
     temporal_address: str | None = None

@@ -303,7 +303,9 @@ async def serving(app: Any) -> AsyncIterator[str]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = server_config(app, lifespan="off", log_level="warning", timeout_graceful_shutdown=3)
+    config = server_config(
+        app, app.state.services.settings, lifespan="off", log_level="warning", timeout_graceful_shutdown=3
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

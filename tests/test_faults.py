@@ -114,3 +114,29 @@ async def test_api_down_while_github_sends_then_reconcile(faults: FaultStack) ->
     # Every delivery GitHub sent, refused or not, ends with exactly one event and one todo.
     assert out.lost == 0 and out.doubled == 0, out.details()
     assert out.events == out.sent == out.todos, out.details()
+
+
+# -- client bounds (issue 29): each row holds its bound under load, and loses and strands nothing ------------------
+
+
+def assert_bound_held(out: Outcome) -> None:
+    assert_nothing_lost_or_doubled(out)
+    assert out.stranded == 0, out.details()
+    assert out.unavailable == 0, out.details()
+    assert out.bound_held is True, out.details()
+
+
+async def test_slow_clients_from_one_address_keep_no_one_else_out(faults: FaultStack) -> None:
+    assert_bound_held(await run(faults, "slow"))
+
+
+async def test_producers_hanging_up_mid_body_are_disconnects_not_500s(faults: FaultStack) -> None:
+    assert_bound_held(await run(faults, "hangups"))
+
+
+async def test_stored_hostile_bodies_are_accepted_and_read_back(faults: FaultStack) -> None:
+    assert_bound_held(await run(faults, "bodies"))
+
+
+async def test_hostile_verb_calls_are_refused_before_they_are_applied(faults: FaultStack) -> None:
+    assert_bound_held(await run(faults, "calls"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from api.verbs.registry import Context, Hints, VerbInput, verb
 from routing.collectors import CollectorConfig
@@ -19,7 +19,7 @@ class ConfigureWebhookInput(VerbInput):
             " into the payload that keys coalescing for sources without an issue or cairn subject)"
         )
     )
-    rotate_hmac_secret: bool = Field(default=False, description="mint a new HMAC secret even if one exists")
+    rotate_hmac_secret: StrictBool = Field(default=False, description="mint a new HMAC secret even if one exists")
 
 
 class ConfigureWebhookOutput(BaseModel):

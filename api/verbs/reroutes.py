@@ -13,7 +13,7 @@ import secrets
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -74,7 +74,7 @@ _WAIT_DOC = "how long to wait for the outcome before answering pending with the 
 
 class RerouteEventInput(VerbInput):
     event_id: str = Field(min_length=1, max_length=1000, description="an event of one of your human's webhooks")
-    dry_run: bool = Field(default=False, description="answer what re-routing would decide; write nothing")
+    dry_run: StrictBool = Field(default=False, description="answer what re-routing would decide; write nothing")
     wait_seconds: float = Field(default=WAIT_DEFAULT, ge=0, le=WAIT_MAX, description=_WAIT_DOC)
 
 
@@ -97,7 +97,7 @@ class RerouteEventsVerbInput(VerbInput):
     since: datetime | None = Field(default=None, description="received at or after this instant")
     until: datetime | None = Field(default=None, description="received before this instant")
     limit: int = Field(default=50, ge=1, le=REROUTE_MAX, description="most recent matching deliveries")
-    dry_run: bool = Field(default=False, description="answer the plan only; write nothing")
+    dry_run: StrictBool = Field(default=False, description="answer the plan only; write nothing")
     wait_seconds: float = Field(default=WAIT_DEFAULT, ge=0, le=WAIT_MAX, description=_WAIT_DOC)
 
 
@@ -168,6 +168,18 @@ async def _started(start: Any) -> Any:
         if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
             raise DomainError("Temporal is unavailable, retry later", code="unavailable") from exc
         raise
+
+
+async def _owns_reroute(ctx: Context, workflow_id: str) -> bool:
+    """Whether the re-route this id would name (workflows/reroute.py) is of the caller's human's events."""
+    name = workflow_id.removeprefix("reroute-")
+    if name == workflow_id:
+        return False
+    history = history_of(ctx)
+    if name.startswith("batch-"):
+        return await history.owns_webhook(ctx.caller, name.removeprefix("batch-"))
+    event_id, _, nonce = name.rpartition("-")
+    return bool(event_id and nonce) and await history.owns_event(ctx.caller, event_id)
 
 
 _STATUS: dict[WorkflowExecutionStatus, RerouteStatus] = {
@@ -362,9 +374,12 @@ async def _progress(handle: WorkflowHandle[Any, Any]) -> RerouteProgress | None:
     ),
 )
 async def get_reroute(ctx: Context, data: GetRerouteInput) -> GetRerouteOutput:
-    client = _temporal(ctx)
-    if not data.workflow_id.startswith("reroute-"):
+    # Ownership first, from the id alone (a re-route's id names its original event, a bulk one its webhook), in
+    # one query: another human's re-route and one that does not exist take the same path and time to not_found,
+    # and neither reaches Temporal.
+    if not await _owns_reroute(ctx, data.workflow_id):
         raise NotFound(WORKFLOW_NOT_FOUND)
+    client = _temporal(ctx)
     handle: WorkflowHandle[Any, Any] = client.get_workflow_handle(data.workflow_id)
     rpc_timeout = timedelta(seconds=ctx.services.settings.temporal_start_timeout_seconds)
     try:

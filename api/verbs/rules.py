@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInput, verb
 from api.verbs.rule_schema import ActionJSON, RuleJSON, RulePatchJSON, RulesJSON
@@ -126,7 +126,7 @@ class DryRunInput(CandidateInput):
     payload: Any = Field(default=None, description="a sample body (any JSON value), treated as verified")
     headers: dict[str, str] | None = Field(default=None, description="the sample's request headers")
     event_id: str | None = Field(default=None, min_length=1, max_length=128, description="an event of this webhook")
-    omit_envelope: bool = Field(default=False, description="leave the evaluated envelope out of the answer")
+    omit_envelope: StrictBool = Field(default=False, description="leave the evaluated envelope out of the answer")
 
 
 class DryRunOutput(BaseModel):

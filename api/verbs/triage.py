@@ -16,7 +16,7 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from activities.triage import ask_model
 from api.verbs.admin import LLM_HELP
@@ -51,7 +51,7 @@ class SetLlmTriageInput(WebhookInput):
     threshold: float = Field(ge=0, le=1, description="answers less confident than this take the default")
     per_minute: int = Field(ge=0, description="this webhook's triage calls per minute (≤ the operator ceiling)")
     per_day: int = Field(ge=0, description="this webhook's triage calls per UTC day (≤ the operator ceiling)")
-    include_payload: bool = Field(
+    include_payload: StrictBool = Field(
         default=False, description="send the payload text (capped) to the provider too; recorded when enabled"
     )
     timeout_seconds: float | None = Field(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from api.verbs.registry import READ, CliArg, CliCommand, CliExport, Context, Hints, VerbInput, verb
 from routing.sources import SOURCE_TYPES
@@ -145,7 +145,7 @@ async def list_webhooks(ctx: Context, data: ListWebhooksInput) -> ListWebhooksOu
 
 class RotateWebhookInput(VerbInput):
     webhook_id: str = Field(max_length=1000, description="one of your webhooks (list_webhooks)")
-    new_ingest_token: bool = Field(
+    new_ingest_token: StrictBool = Field(
         default=False, description="also replace the ingest URL (always replaced for token-trust webhooks)"
     )
 

@@ -66,11 +66,11 @@ async def test_admin_verbs_are_never_agent_verbs_tools_or_scopes(live_stack: Sta
     assert set(ADMIN_VERBS).isdisjoint(REGISTRY) and set(VERBS) == set(ADMIN_VERBS) | set(REGISTRY)
     agent = await live_stack.agent()
     resp = await agent.call("create_human", {"name": "mallory"})
-    assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found"
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "unknown_verb"
     async with mcp_session(live_stack.base_url, agent.credential) as session:
         assert not {t.name for t in (await session.list_tools()).tools} & set(ADMIN_VERBS)
         err = error_of(await session.call_tool("create_human", {"name": "mallory"}))
-        assert err["code"] == "not_found"
+        assert err["code"] == "unknown_verb"
         assert structured(await session.call_tool("whoami", {}))["endpoint_id"] == agent.endpoint_id
     # The admin token does not open agent paths either, and an endpoint cannot be vended an admin verb.
     as_admin = await live_stack.http.post(

@@ -117,7 +117,10 @@ async def test_missing_and_revoked_credentials_get_401(live_stack: Stack) -> Non
     async with httpx.AsyncClient(base_url=live_stack.base_url) as http:
         resp = await http.post("/mcp", json=init, headers=headers)
         assert resp.status_code == 401 and resp.json()["error"]["code"] == "unauthenticated"
-        assert resp.headers["www-authenticate"] == "Bearer"
+        # RFC 6750's error and description: an MCP client shows why instead of starting an OAuth flow.
+        assert resp.headers["www-authenticate"] == (
+            'Bearer error="invalid_token", error_description="missing bearer credential"'
+        )
         for name, value in SECURITY_HEADERS.items():
             assert resp.headers[name] == value
         resp = await http.post("/mcp", json=init, headers={**headers, "Authorization": "Bearer sbk_" + "0" * 64})
@@ -196,7 +199,7 @@ async def test_scope_verb_outside_allowlist_and_todo_outside_queues_are_forbidde
         # Invalid input is refused by the verb's input model, without echoing it.
         err = error_of(await session.call_tool("claim", {"todo_id": 5, "surprise": "sekrit-value"}))
         assert err["code"] == "invalid_argument" and "sekrit-value" not in err["message"]
-        assert error_of(await session.call_tool("no_such_verb", {}))["code"] == "not_found"
+        assert error_of(await session.call_tool("no_such_verb", {}))["code"] == "unknown_verb"
 
 
 async def test_claim_race_has_one_winner(live_stack: Stack) -> None:

@@ -175,7 +175,7 @@ async def test_schemas_advertise_without_replacing_the_routing_codes(live_stack:
         # A rule the typed schema calls malformed still reaches routing/rules.py and gets its code.
         bad = {"webhook_id": hook["webhook_id"], "rules": [{"expr": 5, "action": {"queue": "work"}}]}
         err = error_of(await session.call_tool("set_webhook_rules", bad))
-        assert err["code"] == "invalid_rule" and err["message"].startswith("rule 0")
+        assert err["code"] == "invalid_rule" and err["message"].startswith("rule index 0")
         many = [{"expr": "true", "action": {"queue": "work"}}] * 33
         err = error_of(await session.call_tool("set_webhook_rules", {"webhook_id": hook["webhook_id"], "rules": many}))
         assert err["code"] == "too_many_rules"

@@ -312,5 +312,5 @@ async def test_a_rule_fault_is_logged_with_the_rule_and_cause_never_the_detail(
 
     [line] = await eventually(fault_lines)
     # The SDK logger appends the activity context after the message.
-    assert line.startswith(f"rule faults on event {event_id}: rule 0 (boom): error (")
+    assert line.startswith(f'rule faults on event {event_id}: rule index 0 (id "boom"): error (')
     assert fault["detail"] not in line

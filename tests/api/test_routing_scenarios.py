@@ -166,7 +166,7 @@ async def test_a_rejected_save_leaves_the_previous_list_in_force(stack: Stack) -
         {"webhook_id": wid, "rules": [{"id": "t", "expr": '.issue.title == "noise', "action": {"queue": "work"}}]},
     )
     assert typo.status_code == 422 and typo.json()["error"]["code"] == "invalid_expression"
-    assert "rule 0" in typo.json()["error"]["message"]
+    assert "rule index 0" in typo.json()["error"]["message"]
     widen = await owner.call(
         "set_webhook_rules",
         {

@@ -161,12 +161,12 @@ async def test_validation_codes_name_the_rule_and_leave_the_previous_list(stack:
         assert listed["rules"] == good["rules"] and listed["params"] == {"p": 1}
 
     typo = {"id": "typo", "name": "the typo", "expr": ".issue.labels | map(.name", "action": {"queue": "work"}}
-    await rejected({"rules": [MATCH_ALL, typo]}, 422, "invalid_expression", "rule 1", '"typo"', '"the typo"')
+    await rejected({"rules": [MATCH_ALL, typo]}, 422, "invalid_expression", "rule index 1", '"typo"', '"the typo"')
     await rejected(
         {"rules": [{"id": "envy", "expr": "env.HOME != null", "action": {"drop": True}}]},
         422,
         "forbidden_function",
-        "rule 0",
+        "rule index 0",
         '"envy"',
     )
     await rejected(
@@ -176,12 +176,12 @@ async def test_validation_codes_name_the_rule_and_leave_the_previous_list(stack:
         '"d"',
     )
     many = [{"id": f"r{i}", "expr": "false", "action": {"drop": True}} for i in range(33)]
-    await rejected({"rules": many}, 422, "too_many_rules", "rule 32")
+    await rejected({"rules": many}, 422, "too_many_rules", "rule index 32")
     await rejected({"rules": [MATCH_ALL], "params": {"blob": "x" * 17000}}, 422, "invalid_params")
     await rejected({"rules": [{"id": "q", "expr": "true", "action": {"queue": "secret"}}]}, 403, "forbidden", '"q"')
     # A rule cannot add a delivery target, not even the owner's own unrouted endpoint.
     own = {"id": "own", "expr": "true", "action": {"queue": "lane-m", "endpoints": [sibling.endpoint_id]}}
-    await rejected({"rules": [own]}, 403, "forbidden", "rule 0", '"own"')
+    await rejected({"rules": [own]}, 403, "forbidden", "rule index 0", '"own"')
     # An exclusive action needs a candidate scoped to its queue (the owner is scoped to work only).
     lane = {"id": "lane", "expr": "true", "action": {"queue": "lane-m", "exclusive": True}}
     await rejected({"rules": [lane]}, 403, "forbidden", '"lane"')

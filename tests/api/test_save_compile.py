@@ -61,7 +61,7 @@ async def test_a_compile_past_the_childs_cap_is_refused_by_every_validating_verb
         assert resp.status_code == 422, resp.text
         error = resp.json()["error"]
         assert error["code"] == "invalid_expression", error
-        assert error["message"] == f'rule {index} (id "big", name "the bomb"): {COMPILE_LIMIT}', error
+        assert error["message"] == f'rule index {index} (id "big", name "the bomb"): {COMPILE_LIMIT}', error
 
     refused(await agent.call("set_webhook_rules", {"webhook_id": wid, "rules": [PLAIN, big(FOLDS_1_GB)]}))
     refused(await agent.call("add_webhook_rule", {"webhook_id": wid, "rule": big(FOLDS_1_GB)}))
@@ -93,7 +93,7 @@ async def test_a_stored_rule_that_no_longer_compiles_blocks_a_move_until_fixed(s
     stack.sql("UPDATE endpoint_webhooks SET routing_rules = %s::jsonb WHERE id = %s", stored, wid)
     resp = await agent.call("move_webhook_rule", {"webhook_id": wid, "rule_id": "big", "position": 0})
     assert resp.status_code == 422, resp.text
-    assert resp.json()["error"]["message"] == f'rule 0 (id "big", name "the bomb"): {COMPILE_LIMIT}'
+    assert resp.json()["error"]["message"] == f'rule index 0 (id "big", name "the bomb"): {COMPILE_LIMIT}'
     fixed = await agent.ok("update_webhook_rule", {"webhook_id": wid, "rule_id": "big", "rule": {"expr": "true"}})
     assert [r["expr"] for r in fixed["rules"]] == [".verified", "true"]
 

@@ -131,7 +131,7 @@ def test_bad_ids(bad: Any) -> None:
     err = reject([rule("ok"), {"id": bad, "expr": "true", "action": {"drop": True}}])
     assert err.code == "invalid_rule"
     assert err.rule_index == 1
-    assert "rule 1" in err.message
+    assert "rule index 1" in err.message
 
 
 def test_id_bounds_ok() -> None:
@@ -142,7 +142,7 @@ def test_duplicate_ids() -> None:
     err = reject([rule("dup"), rule("dup", name="second")])
     assert err.code == "invalid_rule"
     assert (err.rule_index, err.rule_id, err.rule_name) == (1, "dup", "second")
-    assert err.message.startswith('rule 1 (id "dup", name "second"): ')
+    assert err.message.startswith('rule index 1 (id "dup", name "second"): ')
 
 
 def test_name_limit_in_bytes() -> None:
@@ -202,7 +202,7 @@ def test_typo_rejected_naming_the_rule() -> None:
     err = reject([rule("ok"), rule("typo", expr=".kind ==", name="broken")])
     assert err.code == "invalid_expression"
     assert (err.rule_index, err.rule_id, err.rule_name) == (1, "typo", "broken")
-    assert err.message.startswith('rule 1 (id "typo", name "broken"): ')
+    assert err.message.startswith('rule index 1 (id "typo", name "broken"): ')
 
 
 @pytest.mark.parametrize(
@@ -289,7 +289,7 @@ def test_libjq_and_reserved_variables_are_undefined(expr: str) -> None:
 def test_forbidden_in_every_disguise(expr: str) -> None:
     err = reject([rule("x", expr=expr, name="sneaky")])
     assert err.code == "forbidden_function", (expr, err.message)
-    assert err.message.startswith('rule 0 (id "x", name "sneaky"): ')
+    assert err.message.startswith('rule index 0 (id "x", name "sneaky"): ')
 
 
 @pytest.mark.parametrize(
@@ -468,7 +468,7 @@ def test_error_to_dict() -> None:
 
 def test_unnamed_rule_message() -> None:
     err = reject([rule("only", expr="input")])
-    assert err.message.startswith('rule 0 (id "only"): ')
+    assert err.message.startswith('rule index 0 (id "only"): ')
     assert err.rule_name is None
 
 
@@ -481,7 +481,7 @@ def test_an_expression_without_a_sandbox_verdict_is_refused_not_saved_unchecked(
         validate_rules_with(rules, None, None, grant(), compiled={"true": None})
     err = info.value
     assert (err.code, err.rule_index, err.rule_id, err.rule_name) == ("invalid_expression", 1, "new", "fresh")
-    assert err.message == f'rule 1 (id "new", name "fresh"): {NOT_CHECKED}'
+    assert err.message == f'rule index 1 (id "new", name "fresh"): {NOT_CHECKED}'
     with pytest.raises(RuleValidationError) as info:
         validate_config_with([rule()], None, None, grant())  # no verdicts at all: fails closed
     assert info.value.code == "invalid_expression" and info.value.rule_index == 0
@@ -506,7 +506,7 @@ def test_a_sandbox_refusal_names_the_rule() -> None:
         )
     err = info.value
     assert (err.code, err.rule_index, err.rule_id) == ("invalid_expression", 1, "big")
-    assert err.message == f'rule 1 (id "big"): {verdict}'
+    assert err.message == f'rule index 1 (id "big"): {verdict}'
 
 
 def test_compile_candidates_skip_what_validation_refuses_first() -> None:
