@@ -22,6 +22,7 @@ from api.verbs.registry import CliArg, CliCommand
 from cli import completion, output
 from cli.client import ADMIN_TOKEN_ENV, TOKEN_ENV, URL_ENV, CliError, admin_token, api_url, call, owner_token
 from cli.tail import Tail
+from routing.models import EVENT_DISPOSITIONS
 from switchboard import resources
 from switchboard.logs import configure
 from switchboard.settings import Settings
@@ -147,6 +148,8 @@ def cmd_rules_install(settings: Settings, args: argparse.Namespace) -> int:
     if "REPLACE-" in json.dumps(body.get("params")):
         # Placeholders match no real login, so the pack fails closed; say so rather than install silently.
         print("warning: params still hold REPLACE-… placeholders; the pack will fail closed", file=sys.stderr)
+    if args.force:
+        body["force"] = True
     return _emit(args, _agent(settings, args, "set_webhook_rules", {"webhook_id": args.webhook_id, **body}))
 
 
@@ -338,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     ri.add_argument(
         "--param", action="append", default=[], metavar="KEY=VALUE", help="set one param (VALUE as JSON, else text)"
     )
+    ri.add_argument("--force", action="store_true", help="install even if a rule faults on recent events (recorded)")
     client_options(ri)
     ri.set_defaults(fn=cmd_rules_install)
 
@@ -351,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     er.add_argument("event_id", nargs="?", default=None, help="reroute_webhook_event: this event")
     er.add_argument("--webhook", dest="webhook_id", default=None, help="reroute_webhook_events: this webhook's")
-    er.add_argument("--disposition", choices=["routed", "dropped", "repeat", "faulted"], default=None)
+    er.add_argument("--disposition", choices=list(EVENT_DISPOSITIONS), default=None)
     er.add_argument("--rule-id", default=None, help="the rule that decided the current outcome")
     er.add_argument("--kind", default=None)
     er.add_argument("--since", default=None, help="received at or after (ISO 8601)")

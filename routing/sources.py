@@ -94,6 +94,9 @@ class SourceType:
     wait_cap_seconds: float | None = None
     # Answers Slack's signed url_verification handshake with its challenge, minting nothing.
     url_verification: bool = False
+    # Who sent the delivery, for .actor and the trust gate (routing/trust.py): "forge" (sender and author logins
+    # of a signed forge body), "cairn" (the signed actor_id); None: no actor, no gate.
+    actor: Literal["forge", "cairn"] | None = None
 
     def verifies(self, *, collector_hmac: bool) -> bool:
         """Whether a delivery of this source that passed the receiver was verified (not only token-trusted)."""
@@ -108,6 +111,7 @@ _ROWS = (
         ("x-hub-signature-256", "x-hub-signature"),
         DeliveryIdRule(headers=("x-github-delivery",)),
         issue_provider="source",
+        actor="forge",
     ),
     SourceType(
         "gitea",
@@ -118,6 +122,7 @@ _ROWS = (
         issue_provider="source",
         # Gitea gives up after 5 s (its DELIVER_TIMEOUT default).
         wait_cap_seconds=4.0,
+        actor="forge",
     ),
     SourceType(
         "stripe",
@@ -147,6 +152,7 @@ _ROWS = (
         DeliveryIdRule(body_field="event_id"),
         # The signed body's kind wins: the X-Cairn-Event header is unsigned and must not change a verified kind.
         kind=KindRule(body_field="kind"),
+        actor="cairn",
     ),
     SourceType(
         "generic",

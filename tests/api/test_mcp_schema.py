@@ -140,7 +140,7 @@ async def test_closed_sets_are_enums_and_bounds_are_in_the_schema(live_stack: St
     _, state = prop(tools["list_todos"], "state")
     assert state["enum"] == ["pending", "claimed", "done", "failed", "canceled"]
     _, disposition = prop(tools["list_webhook_events"], "disposition")
-    assert disposition["enum"] == ["routed", "dropped", "repeat", "faulted"]
+    assert disposition["enum"] == ["routed", "dropped", "repeat", "faulted", "quarantined"]
     for name in ("claim", "claim_next", "heartbeat"):
         _, lease = prop(tools[name], "lease_seconds")
         assert (lease["minimum"], lease["maximum"]) == (1, MAX_LEASE_SECONDS), name
