@@ -104,13 +104,13 @@ ActionJSON = Annotated[dict[str, Any], SchemaOf(QueueAction | DropAction | Quara
 class AllowAll(_Schema):
     """Trust every sender and author (the gate is open)."""
 
-    allow_all: Literal[True]
+    allow_all: Literal[True] = Field(description="always true")
 
 
 class TrustedLogins(_Schema):
     """Trust these forge logins (ASCII case-insensitive); an empty list trusts no one."""
 
-    logins: list[str] = Field(max_length=MAX_TRUSTED)
+    logins: list[str] = Field(max_length=MAX_TRUSTED, description="forge logins; an empty list trusts no one")
     match: Literal["sender", "author", "both"] = Field(
         default="both",
         description=(
@@ -123,7 +123,7 @@ class TrustedLogins(_Schema):
 class TrustedActorIds(_Schema):
     """Trust these cairn actor ids (exactly; never on_behalf_of); an empty list trusts no one."""
 
-    actor_ids: list[str] = Field(max_length=MAX_TRUSTED)
+    actor_ids: list[str] = Field(max_length=MAX_TRUSTED, description="cairn actor ids; an empty list trusts no one")
 
 
 # Validated by routing/trust.py (invalid_argument naming what is wrong); the schema documents the shapes.
