@@ -425,7 +425,9 @@ class RecentCheck:
 
 
 async def recent_faults(history: History, grant: Grant, evaluate: Evaluate, limit: int = RECENT_EVENTS) -> RecentCheck:
-    """Evaluate ``grant``'s rules (first match wins, as a delivery would) on the webhook's latest stored events.
+    """Evaluate ``grant``'s rules (first match wins, as a delivery would) on the webhook's latest stored events,
+    newest first, until a rule has faulted on NAMED_EVENTS of them (a runaway rule costs a save a few evaluations,
+    not fifty).
 
     Every event is evaluated, including those the trust gate would hold: a release routes them past the gate,
     so the rules meet them too. Nothing is decided or written.
@@ -466,8 +468,13 @@ async def recent_faults(history: History, grant: Grant, evaluate: Evaluate, limi
                 if fault.rule_index not in seen:
                     seen.add(fault.rule_index)
                     entry.events += 1
-                    if len(entry.event_ids) < NAMED_EVENTS:
-                        entry.event_ids.append(event.id)
+                    entry.event_ids.append(event.id)
+            if any(entry.events >= NAMED_EVENTS for entry in found.values()):
+                return _found(check, found)
+    return _found(check, found)
+
+
+def _found(check: RecentCheck, found: dict[int, RecentFault]) -> RecentCheck:
     check.faults = [found[i] for i in sorted(found)]
     return check
 

@@ -189,9 +189,7 @@ async def test_dry_run_and_backtest_apply_on_fault(stack: Stack) -> None:
     # One stored routed event, then one stored faulted event under a saved hold.
     routed = (await post_github(stack.http, webhook, sample, delivery="bt-1")).json()
     # The erroring gate faults on that stored event: saved on purpose, with force.
-    await owner.ok(
-        "set_webhook_rules", {"webhook_id": wid, "rules": [ERRORS, LANE], "on_fault": "hold", "force": True}
-    )
+    await owner.ok("set_webhook_rules", {"webhook_id": wid, "rules": [ERRORS, LANE], "on_fault": "hold", "force": True})
     faulted = (await post_github(stack.http, webhook, labeled(8), delivery="bt-2")).json()
     assert routed["created"] == 1 and faulted["faulted"] is True
     dry = await owner.ok(

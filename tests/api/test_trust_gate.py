@@ -464,7 +464,7 @@ async def test_a_rule_that_errors_on_recent_events_is_refused_and_one_that_does_
     resp = await agent.call("add_webhook_rule", {"webhook_id": wid, "rule": boom})
     error = resp.json()["error"]
     assert (
-        error["code"] == "rule_faults_on_recent_events" and "error on 7 of the webhook's latest 7" in error["message"]
+        error["code"] == "rule_faults_on_recent_events" and "error on 5 of the webhook's latest 5" in error["message"]
     )
     named = [e["event_id"] for e in delivered[::-1][:5]]
     assert f"({', '.join(named)})" in error["message"]  # the newest five, no more
