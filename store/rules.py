@@ -74,8 +74,18 @@ log = logging.getLogger("switchboard.rules")
 
 
 def _vetted_by(grant: Grant) -> tuple[Any, ...]:
-    """What a save-time replay's verdict depends on: the rules, their params and the gate (which shapes .actor)."""
-    return (grant.rules, grant.params, grant.trusted_actors)
+    """What a save-time replay's verdict depends on: the expressions in order, their params and the gate (which
+    shapes .actor). Not ids or names (an id minted on each pass differs) and not actions (never evaluated)."""
+    return ([r.get("expr") for r in grant.rules], grant.params, grant.trusted_actors)
+
+
+def _named(faults: list[RecentFault], grant: Grant) -> list[RecentFault]:
+    """The faults with the ids and names of the rules as saved (by index: the expressions are the same)."""
+    out: list[RecentFault] = []
+    for fault in faults:
+        rule = grant.rules[fault.rule_index]
+        out.append(fault.model_copy(update={"rule_id": rule.get("id"), "rule_name": rule.get("name")}))
+    return out
 
 
 def faults_rejection(faults: list[RecentFault], replayed: int) -> RuleRejected:
@@ -224,7 +234,7 @@ class RuleStore:
             if vet is not None:
                 if vetted is None or vetted[0] != _vetted_by(grant):
                     vetted = (_vetted_by(grant), await vet(grant))
-                faults = vetted[1].faults
+                faults = _named(vetted[1].faults, grant)
             forced: dict[str, Any] | None = None
             if faults:
                 assert vetted is not None

@@ -12,6 +12,11 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from routing.models import Grant
+from routing.replay import RecentCheck
+from routing.rules import Candidate
+from store.models import Caller
+from store.rules import RuleConfig
 from tests.conftest import Agent, Stack
 from tests.helpers import issue_payload, post_github, token_of
 from tests.signing import sign_cairn
@@ -472,3 +477,48 @@ async def test_a_rule_that_errors_on_recent_events_is_refused_and_one_that_does_
     first = {"id": "all", "expr": "true", "action": {"queue": "work"}}
     saved = await agent.ok("set_webhook_rules", {"webhook_id": wid, "rules": [first, boom]})
     assert [r["id"] for r in saved["rules"]] == ["all", "boom"] and saved["forced"] is None
+
+
+async def test_a_save_replays_once_unless_a_concurrent_save_changed_the_rules(stack: Stack) -> None:
+    agent = await stack.agent()
+    hook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
+    wid = hook["webhook_id"]
+    services = stack.app.state.services
+    caller = Caller(
+        endpoint_id=agent.endpoint_id,
+        agent_id=agent.agent_id,
+        human_id=agent.human_id,
+        scope_queues=["work"],
+        scope_verbs=[],
+        webhook_max=5,
+        webhook_source_types=["github"],
+        webhook_queues=["work"],
+    )
+    vetted: list[list[str]] = []
+
+    async def vet(grant: Grant) -> RecentCheck:
+        vetted.append([r["expr"] for r in grant.rules])
+        return RecentCheck()
+
+    def edit(current: RuleConfig) -> Candidate:
+        # No id: each validation pass mints its own, which must not count as a change.
+        return Candidate(rules=[*current.rules, {"expr": ".verified", "action": {"queue": "work"}}])
+
+    await services.rules.modify(caller, wid, edit, services.rule_sandbox, vet=vet)
+    assert vetted == [[".verified"]]
+
+    # A save that lands between the unlocked pass and the lock: the locked pass replays what it will save.
+    sneaked: list[bool] = []
+
+    async def vet_and_sneak(grant: Grant) -> RecentCheck:
+        vetted.append([r["expr"] for r in grant.rules])
+        if not sneaked:
+            sneaked.append(True)
+            await agent.ok(
+                "set_webhook_rules", {"webhook_id": wid, "rules": [{"expr": "false", "action": {"drop": True}}]}
+            )
+        return RecentCheck()
+
+    vetted.clear()
+    await services.rules.modify(caller, wid, edit, services.rule_sandbox, vet=vet_and_sneak)
+    assert vetted == [[".verified", ".verified"], ["false", ".verified"]]
