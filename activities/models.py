@@ -65,6 +65,8 @@ class QueuedEvaluateInput(BaseModel):
     delivery: DeliveryInput
     rules: list[dict[str, Any]]
     params: dict[str, Any] | None = None
+    # The webhook's trust gate, so .actor's flags read as on the run's own envelope.
+    trusted_actors: dict[str, Any] | None = None
 
 
 class EvaluateHereResult(BaseModel):

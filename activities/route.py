@@ -102,7 +102,7 @@ class RouteActivities:
         if sandbox is None:
             return Evaluation(faults=[Fault(rule_index=-1, cause="sandbox_failure", detail="no sandbox")])
         record_evaluation("queue")
-        envelope = data.delivery.envelope()
+        envelope = data.delivery.envelope(data.trusted_actors)
         if isinstance(sandbox, AdmittingEvaluator):
             # Admitted by Temporal already: wait out a fast-path evaluation holding the child, never fault.
             work = sandbox.evaluate(data.rules, data.params, envelope, wait=QUEUED_SLOT_WAIT)

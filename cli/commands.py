@@ -99,10 +99,25 @@ def reconciler_scope(body: dict[str, Any], agent_verbs: Sequence[str]) -> dict[s
     return {**body, "scope": scope}
 
 
+def trust_flags(body: dict[str, Any], agent_verbs: Sequence[str]) -> dict[str, Any]:
+    """`webhooks trust` flags as the verb's trusted_actors: --allow-all, --logins with --match, --actor-ids, --clear."""
+    out: dict[str, Any] = {"webhook_id": body["webhook_id"]}
+    if body.get("clear"):
+        out["trusted_actors"] = None
+    elif body.get("allow_all"):
+        out["trusted_actors"] = {"allow_all": True}
+    elif body.get("logins") is not None:
+        out["trusted_actors"] = {"logins": csv(body["logins"]), "match": body.get("match") or "both"}
+    elif body.get("actor_ids") is not None:
+        out["trusted_actors"] = {"actor_ids": csv(body["actor_ids"])}
+    return out
+
+
 COMPLETERS: dict[str, Callable[[dict[str, Any], Sequence[str]], dict[str, Any]]] = {
     "vend_defaults": vend_defaults,
     "spread_config": spread_config,
     "reconciler_scope": reconciler_scope,
+    "trust_flags": trust_flags,
 }
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from cli import commands, completion, output
 from cli.client import ADMIN_TOKEN_ENV, TOKEN_ENV, URL_ENV, CliError, admin_token, api_url, call, owner_token
 from cli.tail import Tail
+from routing.models import EVENT_DISPOSITIONS
 from switchboard import resources
 
 if TYPE_CHECKING:
@@ -548,6 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=QUEUE",
         help="a pack with a queues table (starter): route its queue NAME to QUEUE (default: the table's, work)",
     )
+    ri.add_argument("--force", action="store_true", help="install even if a rule faults on recent events (recorded)")
     client_options(ri)
     ri.set_defaults(fn=cmd_rules_install)
 
@@ -559,7 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     er.add_argument("event_id", nargs="?", default=None, help="reroute_webhook_event: this event")
     er.add_argument("--webhook", dest="webhook_id", default=None, help="reroute_webhook_events: this webhook's")
-    er.add_argument("--disposition", choices=["routed", "dropped", "repeat", "faulted"], default=None)
+    er.add_argument("--disposition", choices=list(EVENT_DISPOSITIONS), default=None)
     er.add_argument("--rule-id", default=None, help="the rule that decided the current outcome")
     er.add_argument("--kind", default=None)
     er.add_argument("--since", default=None, help="received at or after (ISO 8601)")

@@ -21,15 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from routing.actions import QUARANTINE, parse_action
 from routing.collectors import path_subject
 from routing.envelope import once_key, subject_key
 from routing.models import TRUST_BY_SOURCE, Cause, Decision, Evaluation, Fault, Grant, Mint, Stage
 from routing.triage import TriageResult, judge, not_run_record
 from routing.workorder import build_work_order
-
-# Kept here rather than imported from routing.rules, which loads the jq extension: a Temporal workflow
-# imports this module inside its sandbox and must not need jq.
-QUEUE_FLAGS = ("exclusive", "once", "work_order", "coalesce")
 
 CAUSE_NO_MATCH: Cause = "no_match_default"
 CAUSE_RULE_NOT_GRANTED: Cause = "rule_not_granted"
@@ -39,9 +36,10 @@ CAUSE_HELD_ON_FAULT: Cause = "held_on_fault"  # stage "fault": on_fault "hold" s
 
 @dataclass
 class Applied:
-    """An action re-applied to the live grant: dropped, or the todos it mints."""
+    """An action re-applied to the live grant: dropped, quarantined, or the todos it mints."""
 
     drop: bool = False
+    quarantine: bool = False
     todos: list[Mint] = field(default_factory=list)
 
 
@@ -73,27 +71,24 @@ def default_todos(grant: Grant) -> list[Mint]:
 
 def apply_action(action: Any, grant: Grant) -> Applied | None:
     """Re-apply a stored action to this delivery's grant; None when it is malformed or not granted."""
-    # Stored rows may have bypassed save-time validation, so every shape is re-checked here.
-    if not isinstance(action, Mapping):
+    # Stored rows may have bypassed save-time validation: the shape is re-checked by the save's own parser.
+    try:
+        parsed = parse_action(action)
+    except ValueError:
         return None
-    if "drop" in action:
-        if action.get("drop") is True and len(action) == 1:
-            return Applied(drop=True)
-        return None
-    queue = action.get("queue")
-    if not isinstance(queue, str) or not queue or queue not in grant.queues():
-        return None
-    if any(flag in action and not isinstance(action[flag], bool) for flag in QUEUE_FLAGS):
+    if "drop" in parsed:
+        return Applied(drop=True)
+    if QUARANTINE in parsed:
+        return Applied(quarantine=True)
+    queue = parsed["queue"]
+    if queue not in grant.queues():
         return None
     candidates = list(grant.targets)
-    if "endpoints" in action:
-        endpoints = action["endpoints"]
-        if not isinstance(endpoints, list):
-            return None
+    if "endpoints" in parsed:
         # Intersection in target order, never in the rule's order: the grant decides precedence.
-        wanted = {e for e in endpoints if isinstance(e, str)}
+        wanted = set(parsed["endpoints"])
         candidates = [t for t in candidates if t.endpoint_id in wanted]
-    if action.get("exclusive") is True:
+    if parsed.get("exclusive") is True:
         scoped = [t for t in candidates if queue in t.scope_queues]
         candidates = scoped[:1]
     if not candidates:
@@ -275,9 +270,12 @@ def _work_order(
 def settle(
     grant: Grant, matched: Match, choice: Choice, trace: dict[str, Any], envelope: dict[str, Any] | None
 ) -> Decision:
-    """The decision for a chosen action: dropped, or its todos with the claims its flags ask for."""
+    """The decision for a chosen action: dropped, quarantined, or its todos with the claims its flags ask for."""
     if choice.applied.drop:
         return Decision(disposition="dropped", todos=[], trace=trace)
+    if choice.applied.quarantine:
+        # Held for a person (release_webhook_event): no todo, no once-key, no ring.
+        return Decision(disposition="quarantined", todos=[], trace=trace)
     action = choice.action
     todos = choice.applied.todos
     queue = todos[0].queue if todos else grant.target_queue

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from routing.envelope import build_envelope, parse_payload_checked
 from routing.models import Decision, EventDisposition
 from routing.text import MAX_HEADERS_TOTAL_CHARS
+from routing.trust import QuarantineReason, Release
 
 # committed: the delivery is an event (whatever its disposition); gone: the webhook no longer exists;
 # no_targets: it has no live target, so nothing was stored.
@@ -64,9 +65,18 @@ class Received(Protocol):
         """The raw body, exactly as received."""
         ...
 
+    @property
+    def release(self) -> Release | None:
+        """A person's release of the quarantined delivery this routes, if it is one."""
+        ...
 
-def envelope_of(received: Received) -> dict[str, Any]:
-    """The routing envelope of a delivery, in flight or stored: what rules, dry-run and backtest see."""
+
+def envelope_of(received: Received, trusted_actors: Any = None) -> dict[str, Any]:
+    """The routing envelope of a delivery, in flight or stored: what rules, dry-run and backtest see.
+
+    ``trusted_actors`` is the webhook's gate (Grant.trusted_actors), which sets .actor's trust flags.
+    """
+    release = received.release
     return build_envelope(
         source=received.source,
         webhook_id=received.webhook_id,
@@ -77,6 +87,8 @@ def envelope_of(received: Received) -> dict[str, Any]:
         body=received.body,
         # The receiver's own kind (a collector's kind rule may have set it), never re-derived.
         kind=received.kind,
+        trusted_actors=trusted_actors,
+        release=release.envelope() if release is not None else None,
     )
 
 
@@ -179,6 +191,10 @@ class DeliveryInput(BaseModel):
     # The producer's own delivery id (X-GitHub-Delivery, a Stripe event id, ...), upserted by the run as
     # SwitchboardDeliveryId with its decision.
     producer_delivery_id: str | None = None
+    # A release (release_webhook_event): the person's decision that lets this delivery past the trust gate,
+    # shown to rules as .release. Its dedup slot derives from the quarantined event, so a second release of the
+    # same event finds it taken and mints nothing.
+    release: Release | None = None
 
     @property
     def workflow_id(self) -> str:
@@ -193,9 +209,9 @@ class DeliveryInput(BaseModel):
         """The idempotency key of the todos this delivery mints: the delivery's own, also when re-routed."""
         return self.idempotency_key or self.external_id
 
-    def envelope(self) -> dict[str, Any]:
-        """The routing envelope of this delivery, as rules, dry-run and backtest see it."""
-        return envelope_of(self)
+    def envelope(self, trusted_actors: Any = None) -> dict[str, Any]:
+        """The routing envelope of this delivery under the webhook's gate, as rules, dry-run and backtest see it."""
+        return envelope_of(self, trusted_actors)
 
 
 class CommitInput(BaseModel):
@@ -240,10 +256,13 @@ class CommitResult(BaseModel):
     dropped: bool = False
     repeat: bool = False
     faulted: bool = False  # on_fault "hold" stopped at a fault, or the commit failed deterministically
+    quarantined: bool = False  # held for a person: the trust gate, or a quarantine action
     verified: bool = False
     trust_mode: str = ""
     disposition: EventDisposition = "routed"
     rule_id: str | None = None
+    # Why a quarantined delivery was held: untrusted_actor (the trust gate) or rule_action.
+    quarantine_reason: QuarantineReason | None = None
 
     def joined(self) -> CommitResult:
         """The outcome as a redelivery that joined another call's run reports it: nothing created by it."""
@@ -269,4 +288,6 @@ class CommitResult(BaseModel):
             body["repeat"] = True
         if self.faulted:
             body["faulted"] = True
+        if self.quarantined:
+            body["quarantined"] = True
         return body

@@ -17,6 +17,7 @@ from routing.text import (
     may_hold_surrogate,
     replace_lone_surrogates,
 )
+from routing.trust import actor_projection
 
 CAIRN_HANDLE_PREFIX = "mcp://cairn/"
 LABEL_ACTIONS = frozenset({"labeled", "unlabeled", "label_updated", "label_cleared"})
@@ -47,6 +48,8 @@ ENVELOPE_KEYS = (
     "payload",
     "artifact",
     "issue",
+    "actor",
+    "release",
 )
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -240,12 +243,16 @@ def build_envelope(
     body: bytes | None,
     kind: str | None = None,
     parsed: tuple[Any, int] | None = None,
+    trusted_actors: Any = None,
+    release: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build the routing envelope; switchboard-derived fields on top, producer content below.
 
     kind, when given, is the receiver's own derivation (a generic collector's configured kind rule or a
     CloudEvents type); otherwise .kind is derived here from the source's headers or signed body.
     ``parsed`` is (parse_payload(body), len(body)) when the caller parsed the body already (body is then None).
+    ``trusted_actors`` is the webhook's stored gate (Grant.trusted_actors): it sets .actor's trust flags, null
+    without one. ``release`` is a person's release of the delivery ({by, at}), shown as .release.
     """
     lowered = {str(name).lower(): str(value) for name, value in headers.items()}
     if parsed is not None:
@@ -268,6 +275,8 @@ def build_envelope(
         "payload": payload,
         "artifact": build_artifact(payload) if source == "cairn" else None,
         "issue": build_issue(source, lowered, payload),
+        "actor": actor_projection(source, payload, trusted_actors),
+        "release": dict(release) if release is not None else None,
     }
 
 

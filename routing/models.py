@@ -72,6 +72,9 @@ class Grant(BaseModel):
     on_fault: OnFault = "continue"
     # The webhook's LLM triage stage, when configured; a history recorded before triage existed has none.
     llm_triage: TriageConfig | None = None
+    # The webhook's trust gate as stored (routing/trust.py reads it; one that cannot be read trusts no one);
+    # None: no gate, every delivery goes to the rules.
+    trusted_actors: dict[str, Any] | None = None
 
     def queues(self) -> list[str]:
         """Queues a rule may name: the target queue plus the owner's allowed webhook queues."""
@@ -83,10 +86,13 @@ class Grant(BaseModel):
 # Why a rule could not be evaluated (sandbox and child causes; recorded on the trace's faults).
 FaultCause = Literal["error", "timeout", "compile_error", "budget_exhausted", "sandbox_busy", "sandbox_failure"]
 # What a decision does with a delivery. The stored event adds "repeat": a once-key another event claimed.
-Disposition = Literal["routed", "dropped", "faulted"]
-EventDisposition = Literal["routed", "dropped", "repeat", "faulted"]
-# The trace's stage: what decided. "fault" is a delivery held on a fault (or whose commit was refused).
-Stage = Literal["rule", "llm", "default", "fault"]
+# "quarantined": held for a person (the trust gate, or a {"quarantine": true} action) until released or dismissed.
+Disposition = Literal["routed", "dropped", "faulted", "quarantined"]
+EventDisposition = Literal["routed", "dropped", "repeat", "faulted", "quarantined"]
+EVENT_DISPOSITIONS: tuple[str, ...] = ("routed", "dropped", "repeat", "faulted", "quarantined")
+# The trace's stage: what decided. "fault" is a delivery held on a fault (or whose commit was refused);
+# "trust_gate" a delivery the webhook's trusted_actors quarantined before any rule (routing/trust.py).
+Stage = Literal["rule", "llm", "default", "fault", "trust_gate"]
 # Why LLM triage declined and the default decided (SPEC-0020 "LLM Triage Stage", "Cost and Latency Bounds").
 TriageCause = Literal["llm_rejected", "llm_low_confidence", "llm_timeout", "llm_error", "budget_exhausted"]
 TRIAGE_CAUSES: tuple[str, ...] = ("llm_rejected", "llm_low_confidence", "llm_timeout", "llm_error", "budget_exhausted")
@@ -103,6 +109,7 @@ Cause = Literal[
     "llm_timeout",
     "llm_error",
     "budget_exhausted",
+    "untrusted_actor",
 ]
 
 

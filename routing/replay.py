@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
@@ -22,15 +22,16 @@ from routing.delivery import envelope_of
 from routing.envelope import build_envelope, parse_payload
 from routing.headers import lower_headers, sanitize_headers
 from routing.models import TRUST_BY_SOURCE, Decision, EventDisposition, Grant
-from routing.router import Evaluate, route
+from routing.router import Evaluate, evaluation_input, route
 from routing.rules import Candidate
 from routing.sources import find_source
+from routing.trust import Release
 
 # Events (with payloads) a backtest holds in memory at once.
 REPLAY_BATCH = 20
 CANDIDATE_FIELDS = ("rules", "default_action", "params", "on_fault")
 
-OutcomeDisposition = Literal["routed", "dropped", "repeat", "faulted", "no_targets"]
+OutcomeDisposition = Literal["routed", "dropped", "repeat", "faulted", "quarantined", "no_targets"]
 
 
 class StoredEvent(BaseModel):
@@ -50,15 +51,17 @@ class StoredEvent(BaseModel):
     routing_trace: dict[str, Any]
     disposition: EventDisposition
     todo_ids: list[str]
+    # The release that routed this event past the trust gate, when it is a release (or a released re-route).
+    release: Release | None = None
 
     @property
     def body(self) -> bytes:
         """The stored body, exactly as received."""
         return self.payload
 
-    def envelope(self) -> dict[str, Any]:
-        """The envelope the receiver built for this delivery (routing.delivery.envelope_of)."""
-        return envelope_of(self)
+    def envelope(self, trusted_actors: Any = None) -> dict[str, Any]:
+        """The envelope the receiver built for this delivery under the webhook's gate (routing.delivery.envelope_of)."""
+        return envelope_of(self, trusted_actors)
 
 
 class StoredTodo(BaseModel):
@@ -114,9 +117,15 @@ def candidate_of(saved: Grant, given: Mapping[str, Any]) -> Candidate | None:
 
 
 def sample_envelope(
-    grant: Grant, config: dict[str, Any], payload: Any, headers: dict[str, str] | None
+    grant: Grant,
+    config: dict[str, Any],
+    payload: Any,
+    headers: dict[str, str] | None,
+    *,
+    release: Release | None = None,
 ) -> dict[str, Any]:
-    """A sample delivery treated as having passed the webhook's verification, kind derived as the receiver does."""
+    """A sample delivery treated as having passed the webhook's verification, kind derived as the receiver does
+    (and, with ``release``, as a person's release of it)."""
     raw = list((headers or {}).items())
     if not any(name.lower() == "content-type" for name, _ in raw):
         raw.append(("content-type", "application/json"))
@@ -139,6 +148,8 @@ def sample_envelope(
         headers=sanitize_headers(raw),
         body=body,
         kind=kind,
+        trusted_actors=grant.trusted_actors,
+        release=release.envelope() if release is not None else None,
     )
 
 
@@ -150,7 +161,7 @@ def sample_envelope(
 class DecisionSummary(BaseModel):
     """Where the delivery would go. For an exclusive action, endpoints is the single chosen one."""
 
-    disposition: Literal["routed", "dropped", "faulted", "no_targets"]
+    disposition: Literal["routed", "dropped", "faulted", "quarantined", "no_targets"]
     drop: bool
     queue: str | None
     endpoints: list[str]
@@ -162,7 +173,10 @@ class Outcome(BaseModel):
     """One routing outcome: what was stored, or what the candidate rules decide."""
 
     disposition: OutcomeDisposition = Field(
-        description="routed | dropped | repeat (once key already claimed) | faulted (on_fault hold) | no_targets"
+        description=(
+            "routed | dropped | repeat (once key already claimed) | faulted (on_fault hold) | quarantined (held for"
+            " a person: the trust gate or a quarantine action) | no_targets"
+        )
     )
     # Read back from stored traces, which later stages (triage) may extend: kept as the strings they are.
     stage: str | None = None
@@ -182,6 +196,8 @@ def summarize_decision(decision: Decision) -> DecisionSummary:
         return DecisionSummary(disposition="dropped", drop=True, queue=None, endpoints=[])
     if decision.disposition == "faulted":
         return DecisionSummary(disposition="faulted", drop=False, queue=None, endpoints=[])
+    if decision.disposition == "quarantined":
+        return DecisionSummary(disposition="quarantined", drop=False, queue=None, endpoints=[])
     if not decision.todos:
         return DecisionSummary(disposition="no_targets", drop=False, queue=None, endpoints=[])
     return DecisionSummary(
@@ -310,7 +326,7 @@ async def replay_events(history: History, grant: Grant, event_ids: Sequence[str]
         events = await history.stored_events(grant.webhook_id, oldest_first[start : start + REPLAY_BATCH])
         todos = await history.landed_todos([t for e in events for t in e.todo_ids])
         for event in events:
-            routed = await route(grant, event.envelope(), evaluate)
+            routed = await route(grant, event.envelope(grant.trusted_actors), evaluate)
             out.append(Replayed(event=event, stored=stored_outcome(event, todos), decision=routed.decision))
             # The payload is not needed past this point; keep memory flat across 200 large events.
             event.payload = b""
@@ -372,3 +388,108 @@ async def backtest(history: History, grant: Grant, limit: int, evaluate: Evaluat
     rows = simulate_once(replayed, standing_claims(claims, set(ids)))
     rows.reverse()
     return Backtest(events=rows, summary=summarize(rows))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Saves that would fault on real traffic: the candidate rules over the webhook's latest stored events
+# ---------------------------------------------------------------------------------------------------
+
+# A save replays its rules over this many of the webhook's latest stored events (routing/rules.py's
+# rule_faults_on_recent_events refuses it when a rule errors or times out on any of them).
+RECENT_EVENTS = 50
+# The rule's own faults that refuse a save; budget_exhausted (not reached) and sandbox-level faults are not a
+# rule's doing.
+SAVE_FAULT_CAUSES = ("error", "timeout")
+NAMED_EVENTS = 5
+
+
+class RecentFault(BaseModel):
+    """A rule that errors or times out on some of the webhook's latest stored events."""
+
+    rule_index: int
+    rule_id: str | None = None
+    rule_name: str | None = None
+    causes: list[str] = Field(description="error and/or timeout")
+    events: int = Field(description="how many of the replayed events it faulted on")
+    event_ids: list[str] = Field(description=f"up to {NAMED_EVENTS} of them, newest first")
+
+
+@dataclass
+class RecentCheck:
+    """What replaying a candidate list over the latest stored events found."""
+
+    replayed: int = 0
+    faults: list[RecentFault] = field(default_factory=list)
+    # Events the sandbox could not evaluate at all (no slot in time): the check is incomplete.
+    unchecked: int = 0
+
+
+async def recent_faults(history: History, grant: Grant, evaluate: Evaluate, limit: int = RECENT_EVENTS) -> RecentCheck:
+    """Evaluate ``grant``'s rules (first match wins, as a delivery would) on the webhook's latest stored events,
+    newest first, until a rule has faulted on NAMED_EVENTS of them (a runaway rule costs a save a few evaluations,
+    not fifty).
+
+    Every event is evaluated, including those the trust gate would hold: a release routes them past the gate,
+    so the rules meet them too. Nothing is decided or written.
+    """
+    check = RecentCheck()
+    if not grant.rules:
+        return check
+    ids = await history.recent_event_ids(grant.webhook_id, limit)
+    found: dict[int, RecentFault] = {}
+    for start in range(0, len(ids), REPLAY_BATCH):
+        for event in await history.stored_events(grant.webhook_id, ids[start : start + REPLAY_BATCH]):
+            request = evaluation_input(grant, event.envelope(grant.trusted_actors))
+            event.payload = b""
+            if request is None:
+                continue
+            evaluation = await evaluate(request)
+            check.replayed += 1
+            if any(f.rule_index == -1 and f.cause == "sandbox_busy" for f in evaluation.faults):
+                check.unchecked += 1
+            seen: set[int] = set()
+            for fault in evaluation.faults:
+                if fault.cause not in SAVE_FAULT_CAUSES or not 0 <= fault.rule_index < len(grant.rules):
+                    continue
+                rule = grant.rules[fault.rule_index]
+                entry = found.setdefault(
+                    fault.rule_index,
+                    RecentFault(
+                        rule_index=fault.rule_index,
+                        rule_id=rule.get("id"),
+                        rule_name=rule.get("name"),
+                        causes=[],
+                        events=0,
+                        event_ids=[],
+                    ),
+                )
+                if fault.cause not in entry.causes:
+                    entry.causes.append(fault.cause)
+                if fault.rule_index not in seen:
+                    seen.add(fault.rule_index)
+                    entry.events += 1
+                    entry.event_ids.append(event.id)
+            if any(entry.events >= NAMED_EVENTS for entry in found.values()):
+                return _found(check, found)
+    return _found(check, found)
+
+
+def _found(check: RecentCheck, found: dict[int, RecentFault]) -> RecentCheck:
+    check.faults = [found[i] for i in sorted(found)]
+    return check
+
+
+def recent_faults_message(faults: Sequence[RecentFault], replayed: int) -> str:
+    """The refusal naming the first faulting rule and up to five of its events (the others are counted)."""
+    first = faults[0]
+    where = f"rule {first.rule_index}"
+    named = [f"id {json.dumps(first.rule_id, ensure_ascii=False)}"] if first.rule_id else []
+    if first.rule_name:
+        named.append(f"name {json.dumps(first.rule_name, ensure_ascii=False)}")
+    if named:
+        where += f" ({', '.join(named)})"
+    more = f"; {len(faults) - 1} more rule(s) fault too" if len(faults) > 1 else ""
+    return (
+        f"{where}: {' and '.join(first.causes)} on {first.events} of the webhook's latest {replayed} stored events"
+        f" ({', '.join(first.event_ids)}){more}; nothing was saved (force: true saves anyway)"
+    )

@@ -19,6 +19,7 @@ from routing.models import Grant
 from routing.replay import History, Outcome, once_keys, replay_events, simulate_once
 from routing.router import Evaluate
 from routing.sources import producer_delivery_id
+from routing.trust import Release
 
 # Marks a re-route's own dedup slot in events.external_id: "<the original's key>#reroute:<nonce>". Lookups by
 # delivery id never parse it: they follow reroute_of (store/events.py).
@@ -43,11 +44,31 @@ class StoredDelivery(BaseModel):
     payload: bytes
     source_ip: str | None
     received_at: datetime
+    # The delivery's release, once a person released it (release_webhook_event): its re-routes carry it, so a
+    # released delivery is never held at the gate again.
+    release: Release | None = None
 
 
-def reroute_input(stored: StoredDelivery, nonce: str, *, evaluate_queue_seconds: float) -> DeliveryInput:
-    """RouteDelivery's input for one re-route of a stored original: the delivery as received, a slot of its own."""
+# A release's nonce: derived from the quarantined event it releases, so its dedup slot and its run are the same
+# for every release of that event (a second release joins the run or finds the slot taken; it mints nothing).
+RELEASE_NONCE = "release-"
+
+
+def release_workflow_id(event_id: str) -> str:
+    """The RouteDelivery run of the release of a quarantined event (a re-route id: get_reroute follows it)."""
+    return f"reroute-{event_id}-release"
+
+
+def reroute_input(
+    stored: StoredDelivery, nonce: str, *, evaluate_queue_seconds: float, release: Release | None = None
+) -> DeliveryInput:
+    """RouteDelivery's input for one re-route of a stored original: the delivery as received, a slot of its own.
+
+    ``release`` is a person's release of it (release_input); a plain re-route carries the delivery's own, if any.
+    """
     payload = parse_payload(stored.payload)
+    release = release or stored.release
+    what = "release" if nonce.startswith(RELEASE_NONCE) else "re-route"
     return DeliveryInput(
         webhook_id=stored.webhook_id,
         endpoint_id=stored.endpoint_id,
@@ -65,12 +86,20 @@ def reroute_input(stored: StoredDelivery, nonce: str, *, evaluate_queue_seconds:
         source_ip=stored.source_ip,
         # The delivery's own arrival: a re-route sorts, filters and is retained with its original.
         received_at=stored.received_at.isoformat(),
-        summary=plain(f"re-route {summary_line(stored.source, stored.kind, payload)}", MAX_SUMMARY_CHARS),
+        summary=plain(f"{what} {summary_line(stored.source, stored.kind, payload)}", MAX_SUMMARY_CHARS),
         evaluate_queue_seconds=evaluate_queue_seconds,
         reroute_of=stored.id,
         idempotency_key=stored.external_id,
         producer_delivery_id=producer_delivery_id(stored.source, stored.headers, payload),
+        release=release,
     )
+
+
+def release_input(stored: StoredDelivery, release: Release, *, evaluate_queue_seconds: float) -> DeliveryInput:
+    """RouteDelivery's input for the release of a quarantined event of ``stored`` (``release.event_id``)."""
+    assert release.event_id is not None
+    nonce = RELEASE_NONCE + release.event_id
+    return reroute_input(stored, nonce, evaluate_queue_seconds=evaluate_queue_seconds, release=release)
 
 
 class PlannedEvent(BaseModel):

@@ -1,12 +1,13 @@
-"""The routing composition, defined once: evaluate the rules when there are any, then decide.
+"""The routing composition, defined once: the trust gate, then evaluate the rules when there are any, then decide.
 
 RouteDelivery, the dry-run, the backtest and the rule-pack tests all route through ``route``. Only the
 evaluate step differs between them, so it is a parameter: in the workflow it is the evaluate_rules activity
 (the one step with I/O), elsewhere a sandbox pool in this process (``evaluator``). The LLM triage step is a
 parameter the same way: the workflow passes its triage activity; the dry-run and the backtest pass none, so
-they never call a model and their trace says the stage was not run (llm outcome "not_run"). The decision
-itself is pure (routing.decision) and runs inside the workflow. Like routing.decision, this module must not need jq:
-the workflow imports it inside its sandbox.
+they never call a model and their trace says the stage was not run (llm outcome "not_run"). The trust gate
+(routing.trust) comes first: a gated delivery that is neither trusted nor released is quarantined with no rule
+evaluated and no model called. The decision itself is pure (routing.decision) and runs inside the workflow. Like
+routing.decision, this module must not need jq: the workflow imports it inside its sandbox.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 from routing.decision import decide, triage_due
 from routing.models import Decision, EvaluateInput, Evaluation, Grant
 from routing.triage import TriageInput, TriageResult, projection
+from routing.trust import gate_decision
 
 Evaluate = Callable[[EvaluateInput], Awaitable[Evaluation]]
 # The triage step: the activity's result.
@@ -48,8 +50,8 @@ def needs_envelope(grant: Grant) -> bool:
     """Whether routing reads the envelope, so a caller may skip parsing the body when it does not."""
     # Rules evaluate it; a configured default may ask for a once-key, coalescing or a work order, which read
     # its subject. A webhook with neither routes to its target queue whatever the body says.
-    # Triage sends a projection of it to the model.
-    return bool(grant.rules or grant.default_action or grant.llm_triage)
+    # Triage sends a projection of it to the model; the trust gate reads its .actor and .release.
+    return bool(grant.rules or grant.default_action or grant.llm_triage or grant.trusted_actors is not None)
 
 
 def evaluation_input(grant: Grant, envelope: dict[str, Any] | None) -> EvaluateInput | None:
@@ -77,8 +79,11 @@ def triage_input(grant: Grant, evaluation: Evaluation, envelope: dict[str, Any] 
 async def route(
     grant: Grant, envelope: dict[str, Any] | None, evaluate: Evaluate, triage: Triage | None = None
 ) -> Routed:
-    """Evaluate the grant's rules on the envelope when there are any, triage when due and a step is given, then
-    decide under the grant."""
+    """Hold the delivery at the trust gate, or evaluate the grant's rules on the envelope when there are any,
+    triage when due and a step is given, then decide under the grant."""
+    gated = gate_decision(grant, envelope)
+    if gated is not None:
+        return Routed(evaluation=Evaluation(), decision=gated)
     request = evaluation_input(grant, envelope)
     evaluation = Evaluation() if request is None else await evaluate(request)
     # Triage is awaited only when the evaluation decided nothing (no rule matched, on_fault did not hold):

@@ -12,19 +12,22 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from routing import jq_policy
+from routing.actions import ACTION_KEYS as ACTION_KEYS
+from routing.actions import MAX_ENDPOINTS as MAX_ENDPOINTS
+from routing.actions import QUEUE_FLAGS as QUEUE_FLAGS
+from routing.actions import parse_action as parse_action
 from routing.models import Grant
 
 MAX_RULES = 32
 MAX_ID_CHARS = 64
 MAX_NAME_BYTES = 128
 MAX_EXPR_BYTES = 4096
-MAX_ENDPOINTS = 16
 MAX_PARAMS_BYTES = 16 * 1024
 RULE_KEYS = frozenset({"id", "name", "expr", "action"})
-QUEUE_FLAGS = ("exclusive", "once", "work_order", "coalesce")
-ACTION_KEYS = frozenset({"queue", "endpoints", "drop", *QUEUE_FLAGS})
 RULE_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
+# A save whose rules error or time out on the webhook's recent stored events (routing.replay.recent_faults).
+RULE_FAULTS_ON_RECENT_EVENTS = "rule_faults_on_recent_events"
 ERROR_CODES = (
     "invalid_expression",
     "forbidden_function",
@@ -32,6 +35,7 @@ ERROR_CODES = (
     "too_many_rules",
     "invalid_params",
     "not_granted",
+    RULE_FAULTS_ON_RECENT_EVENTS,
 )
 
 
@@ -198,50 +202,9 @@ def validate_params(params: Any) -> dict[str, Any]:
     return normalized
 
 
-def parse_action(action: Any) -> dict[str, Any]:
-    """Check an action's shape (exactly one of queue or drop); raise ValueError with the reason."""
-    if not isinstance(action, dict):
-        raise ValueError("action must be an object")
-    unknown = sorted(k for k in action if k not in ACTION_KEYS)
-    if unknown:
-        raise ValueError(f"action has unknown field(s): {', '.join(unknown)}")
-    has_queue = "queue" in action
-    has_drop = "drop" in action
-    if has_queue == has_drop:
-        raise ValueError('action must be exactly one of {"queue": …} or {"drop": true}')
-    if has_drop:
-        if action["drop"] is not True:
-            raise ValueError('a drop action must be {"drop": true}')
-        extra = sorted(k for k in action if k != "drop")
-        if extra:
-            raise ValueError(f"{', '.join(extra)} not allowed on a drop")
-        return {"drop": True}
-    queue = action["queue"]
-    if not isinstance(queue, str) or not queue:
-        raise ValueError("queue must be a non-empty string")
-    out: dict[str, Any] = {"queue": queue}
-    if "endpoints" in action:
-        endpoints = action["endpoints"]
-        if not isinstance(endpoints, list) or not all(isinstance(e, str) and e for e in endpoints):
-            raise ValueError("endpoints must be a list of endpoint ids")
-        if not endpoints:
-            raise ValueError("endpoints must name at least one endpoint; omit it to reach every target")
-        if len(endpoints) > MAX_ENDPOINTS:
-            raise ValueError(f"{len(endpoints)} endpoints; the limit is {MAX_ENDPOINTS}")
-        if len(set(endpoints)) != len(endpoints):
-            raise ValueError("endpoints must not repeat")
-        out["endpoints"] = list(endpoints)
-    for flag in QUEUE_FLAGS:
-        if flag in action:
-            if not isinstance(action[flag], bool):
-                raise ValueError(f"{flag} must be true or false")
-            out[flag] = action[flag]
-    return out
-
-
 def check_action_granted(action: Mapping[str, Any], grant: Grant) -> str | None:
     """None when a parsed action is reachable under the grant, else the reason it is not."""
-    if action.get("drop") is True:
+    if action.get("drop") is True or action.get("quarantine") is True:
         return None
     queue = action["queue"]
     if queue not in grant.queues():

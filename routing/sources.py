@@ -106,6 +106,9 @@ class SourceType:
     url_verification: bool = False
     # The producer's side of the verifier's scheme (`switchboard send`); None where nothing is signed.
     signer: Signer | None = None
+    # Who sent the delivery, for .actor and the trust gate (routing/trust.py): "forge" (sender and author logins
+    # of a signed forge body), "cairn" (the signed actor_id); None: no actor, no gate.
+    actor: Literal["forge", "cairn"] | None = None
 
     def verifies(self, *, collector_hmac: bool) -> bool:
         """Whether a delivery of this source that passed the receiver was verified (not only token-trusted)."""
@@ -121,6 +124,7 @@ _ROWS = (
         DeliveryIdRule(headers=("x-github-delivery",)),
         issue_provider="source",
         signer=sign_github,
+        actor="forge",
     ),
     SourceType(
         "gitea",
@@ -132,6 +136,7 @@ _ROWS = (
         # Gitea gives up after 5 s (its DELIVER_TIMEOUT default).
         wait_cap_seconds=4.0,
         signer=sign_gitea,
+        actor="forge",
     ),
     SourceType(
         "stripe",
@@ -169,6 +174,7 @@ _ROWS = (
         # The signed body's kind wins: the X-Cairn-Event header is unsigned and must not change a verified kind.
         kind=KindRule(body_paths=(("kind",),)),
         signer=sign_cairn,
+        actor="cairn",
     ),
     SourceType(
         "generic",

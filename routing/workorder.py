@@ -45,6 +45,15 @@ def build_work_order(
         "verified": verified is True,
         "authorized_by": authorized_by,
     }
+    # Provenance the worker may weigh, from the switchboard-derived .actor and .release: whether the gate trusted
+    # the author (null on a webhook without one) and which person released a quarantined delivery.
+    env = envelope or {}
+    actor = env.get("actor")
+    release = env.get("release")
+    author_trusted = actor.get("author_trusted") if isinstance(actor, Mapping) else None
+    order["author_trusted"] = author_trusted if isinstance(author_trusted, bool) else None
+    released_by = release.get("by") if isinstance(release, Mapping) else None
+    order["released_by"] = released_by if isinstance(released_by, str) else None
     subject = work_order_subject(envelope)
     if subject is not None:
         order["subject"] = subject

@@ -13,6 +13,7 @@ from routing.delivery import CommitInput, CommitResult, DeliveryInput, FaultComm
 from routing.models import Decision
 from routing.text import clean_text
 from routing.titles import todo_title
+from routing.trust import quarantine_reason
 from store.db import Pool
 from store.errors import is_transient, translates_errors
 from store.ids import new_id
@@ -27,11 +28,12 @@ WHERE endpoint_id = %s AND source = %s AND external_id = %s
 _INSERT_EVENT = """
 INSERT INTO events (id, webhook_id, endpoint_id, source, kind, external_id, trust_mode, verified,
                     verify_detail, content_type, headers, payload, payload_size, source_ip, received_at,
-                    routing_trace, disposition, workflow_id, workflow_run_id, todo_ids, reroute_of)
+                    routing_trace, disposition, workflow_id, workflow_run_id, todo_ids, reroute_of,
+                    quarantine_state, release)
 VALUES (%(id)s, %(webhook_id)s, %(endpoint_id)s, %(source)s, %(kind)s, %(external_id)s, %(trust_mode)s,
         %(verified)s, %(verify_detail)s, %(content_type)s, %(headers)s, %(payload)s, %(payload_size)s,
         %(source_ip)s, %(received_at)s, %(routing_trace)s, %(disposition)s, %(workflow_id)s, %(workflow_run_id)s,
-        %(todo_ids)s, %(reroute_of)s)
+        %(todo_ids)s, %(reroute_of)s, %(quarantine_state)s, %(release)s)
 ON CONFLICT (endpoint_id, source, external_id) DO NOTHING
 RETURNING id
 """
@@ -76,6 +78,9 @@ _CLAIM_ONCE = (
     "INSERT INTO routing_once (webhook_id, once_key, event_id) VALUES (%s, %s, %s)"
     " ON CONFLICT DO NOTHING RETURNING event_id"
 )
+# A release's event names itself on the quarantined event it released (the first one to commit; a second
+# release of the same event finds the dedup slot taken before it gets here).
+_LINK_RELEASE = "UPDATE events SET release_event_id = %s WHERE id = %s AND release_event_id IS NULL"
 _MARK_REPEAT = "UPDATE events SET disposition = 'repeat', routing_trace = %s, todo_ids = '{}' WHERE id = %s"
 _SET_TODOS = "UPDATE events SET todo_ids = %s WHERE id = %s"
 _SET_TODOS_AND_TRACE = "UPDATE events SET todo_ids = %s, routing_trace = %s WHERE id = %s"
@@ -160,13 +165,18 @@ def _event_row(
         "workflow_run_id": run_id,
         "todo_ids": todo_ids,
         "reroute_of": d.reroute_of,
+        "quarantine_state": "held" if disposition == "quarantined" else None,
+        "release": Jsonb(d.release.model_dump()) if d.release is not None else None,
     }
 
 
 def _traced(trace: dict[str, Any], d: DeliveryInput) -> dict[str, Any]:
-    """The trace stored on the event and its todos; a re-route names the event it routed again."""
+    """The trace stored on the event and its todos; a re-route names the event it routed again, a release who
+    released which quarantined event."""
     if d.reroute_of:
         trace["reroute_of"] = d.reroute_of
+    if d.release is not None:
+        trace["release"] = d.release.model_dump()
     return trace
 
 
@@ -206,11 +216,23 @@ class DeliveryStore:
                 again = await self._existing(conn, d.endpoint_id, d.source, d.external_id, data.run_id)
                 assert again is not None
                 return CommitResult(**again, **base)
+            if d.release is not None and d.release.event_id:
+                await conn.execute(_LINK_RELEASE, (event_id, d.release.event_id))
             if disposition == "dropped":
                 return CommitResult(event_id=event_id, dropped=True, disposition="dropped", rule_id=rule_id, **base)
             if disposition == "faulted":
                 # on_fault "hold": the event and its faults are the whole outcome; no once-key, no todo, no ring.
                 return CommitResult(event_id=event_id, faulted=True, disposition="faulted", rule_id=rule_id, **base)
+            if disposition == "quarantined":
+                # Held for a person: stored (and listed) with no once-key, no todo and no ring until released.
+                return CommitResult(
+                    event_id=event_id,
+                    quarantined=True,
+                    disposition="quarantined",
+                    rule_id=rule_id,
+                    quarantine_reason=quarantine_reason(trace),
+                    **base,
+                )
             if decision.once_key and not await self._claim_once(conn, d.webhook_id, decision.once_key, event_id, trace):
                 return CommitResult(event_id=event_id, repeat=True, disposition="repeat", rule_id=rule_id, **base)
             if minting is not None:
@@ -425,6 +447,8 @@ class DeliveryStore:
             "dropped": disposition == "dropped",
             "repeat": disposition == "repeat",
             "faulted": disposition == "faulted",
+            "quarantined": disposition == "quarantined",
             "disposition": disposition,
             "rule_id": (row["routing_trace"] or {}).get("rule_id"),
+            "quarantine_reason": quarantine_reason(row["routing_trace"]) if disposition == "quarantined" else None,
         }

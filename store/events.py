@@ -6,9 +6,9 @@ import base64
 import binascii
 import builtins
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -16,17 +16,21 @@ from routing.models import EventDisposition
 from routing.replay import StoredEvent, StoredTodo
 from routing.reroute import StoredDelivery
 from routing.text import loads_bounded, may_hold_surrogate, replace_lone_surrogates
+from routing.trust import QuarantineReason, quarantine_reason
 from store.db import Pool
-from store.errors import InvalidArgument, NotFound, translates_errors
+from store.errors import Conflict, InvalidArgument, NotFound, translates_errors
 from store.models import Caller
 
 EVENT_NOT_FOUND = "unknown event"
+# A quarantined event's review: held for a person, then released (routed again) or dismissed.
+QuarantineState = Literal["held", "released", "dismissed"]
 WEBHOOK_NOT_FOUND = "unknown webhook"
 PRUNE_BATCH = 5000
 
 _SUMMARY_COLUMNS = (
     "ev.id, ev.source, ev.kind, ev.trust_mode, ev.verified, ev.payload_size, ev.received_at, ev.webhook_id,"
-    " ev.disposition, ev.routing_trace AS routing, ev.todo_ids, ev.reroute_of"
+    " ev.disposition, ev.routing_trace AS routing, ev.todo_ids, ev.reroute_of, ev.quarantine_state,"
+    " ev.reviewed_by, ev.reviewed_at, ev.review_note, ev.release_event_id, ev.release"
 )
 
 # Visibility is by the webhook's owner, whatever became of the webhook since: a deleted webhook's history
@@ -42,6 +46,7 @@ _FILTERS = """
   AND (%(webhook)s::text IS NULL OR ev.webhook_id = %(webhook)s)
   AND (%(kind)s::text IS NULL OR ev.kind = %(kind)s)
   AND (%(disposition)s::text IS NULL OR ev.disposition = %(disposition)s)
+  AND (%(quarantine_state)s::text IS NULL OR ev.quarantine_state = %(quarantine_state)s)
   AND (%(since)s::timestamptz IS NULL OR ev.received_at >= %(since)s)
   AND (%(after_at)s::timestamptz IS NULL OR (ev.received_at, ev.id) < (%(after_at)s::timestamptz, %(after_id)s::text))
 ORDER BY ev.received_at DESC, ev.id DESC
@@ -93,7 +98,7 @@ SELECT 1 FROM events ev {_OWNED} WHERE ev.id = %(event)s
 # Replay reads (routing.replay.History): by webhook, after the caller's ownership of it was checked.
 _REPLAY_COLUMNS = (
     "id, webhook_id, source, kind, trust_mode, verified, content_type, headers, payload, payload_size,"
-    " received_at, routing_trace, disposition, todo_ids"
+    " received_at, routing_trace, disposition, todo_ids, release"
 )
 _REPLAY_EVENTS = f"""
 SELECT {_REPLAY_COLUMNS} FROM events WHERE webhook_id = %s AND id = ANY(%s)
@@ -106,9 +111,12 @@ _ONCE_CLAIMS = "SELECT once_key, event_id FROM routing_once WHERE webhook_id = %
 
 # Re-route reads (routing.reroute). A delivery's events are its original and the re-routes naming it; its current
 # event is the latest of them by created_at (a re-route commits after whatever it follows).
+# A released delivery's release travels with its later re-routes: the first event of the delivery that carries one.
 _ORIGINAL_COLUMNS = (
     "o.id, o.webhook_id, o.endpoint_id, o.source, o.kind, o.external_id, o.trust_mode, o.verified,"
-    " o.verify_detail, o.content_type, o.headers, o.payload, o.source_ip, o.received_at"
+    " o.verify_detail, o.content_type, o.headers, o.payload, o.source_ip, o.received_at,"
+    " (SELECT r.release FROM events r WHERE r.reroute_of = o.id AND r.release IS NOT NULL"
+    "  ORDER BY r.created_at, r.id LIMIT 1) AS release"
 )
 _OWNED_ORIGINAL = f"""
 SELECT {_ORIGINAL_COLUMNS}
@@ -157,6 +165,37 @@ DELETE FROM todos WHERE id IN (
 """
 
 
+# Quarantine reviews (release_webhook_event, dismiss_webhook_event): an event of the caller's human, locked.
+_REVIEW_COLUMNS = (
+    "ev.id, ev.webhook_id, ev.disposition, ev.routing_trace, ev.quarantine_state, ev.reviewed_by, ev.reviewed_at,"
+    " ev.review_note, ev.release_event_id"
+)
+_REVIEW_FOR_UPDATE = f"""
+SELECT {_REVIEW_COLUMNS}
+FROM events ev {_OWNED}
+WHERE ev.id = %(event)s
+FOR UPDATE OF ev
+"""  # noqa: S608 - constant fragments only
+_REVIEW = """
+UPDATE events SET quarantine_state = %(state)s, reviewed_by = %(by)s, reviewed_at = now(), review_note = %(note)s
+WHERE id = %(event)s AND quarantine_state = 'held'
+RETURNING reviewed_by, reviewed_at, review_note
+"""
+
+
+class Review(BaseModel):
+    """A quarantined event's review: held, or released / dismissed by whom, when, with what note."""
+
+    event_id: str
+    webhook_id: str
+    state: QuarantineState
+    reason: QuarantineReason
+    reviewed_by: str | None = None
+    reviewed_at: datetime | None = None
+    note: str | None = None
+    release_event_id: str | None = None
+
+
 class EventSummary(BaseModel):
     """An event as the history lists it."""
 
@@ -172,6 +211,12 @@ class EventSummary(BaseModel):
     routing: dict[str, Any]
     todo_ids: list[str]
     reroute_of: str | None = None
+    quarantine_state: QuarantineState | None = None
+    reviewed_by: str | None = None
+    reviewed_at: datetime | None = None
+    review_note: str | None = None
+    release_event_id: str | None = None
+    release: dict[str, Any] | None = None
 
 
 class EventDetail(EventSummary):
@@ -189,6 +234,19 @@ class EventPage(BaseModel):
 
     events: list[EventSummary]
     next_cursor: str | None = None
+
+
+def _review(row: Mapping[str, Any]) -> Review:
+    return Review(
+        event_id=row["id"],
+        webhook_id=row["webhook_id"],
+        state=row["quarantine_state"],
+        reason=quarantine_reason(row["routing_trace"]),
+        reviewed_by=row["reviewed_by"],
+        reviewed_at=row["reviewed_at"],
+        note=row["review_note"],
+        release_event_id=row["release_event_id"],
+    )
 
 
 def encode_cursor(received_at: datetime, event_id: str) -> str:
@@ -247,6 +305,7 @@ class EventStore:
         limit: int,
         cursor: str | None,
         delivery_id: str | None = None,
+        quarantine_state: QuarantineState | None = None,
     ) -> EventPage:
         """A page of the human's events, newest first; a foreign or unknown webhook filter is not_found.
 
@@ -266,6 +325,7 @@ class EventStore:
                     "webhook": webhook_id,
                     "kind": kind,
                     "disposition": disposition,
+                    "quarantine_state": quarantine_state,
                     "since": since,
                     "after_at": after_at,
                     "after_id": after_id,
@@ -405,6 +465,33 @@ class EventStore:
             )
             rows = await cur.fetchall()
         return [(str(r["original"]), str(r["id"])) for r in rows]
+
+    @translates_errors
+    async def review(
+        self, caller: Caller, event_id: str, state: Literal["released", "dismissed"], by: str, note: str | None
+    ) -> Review:
+        """Release or dismiss a held quarantined event of the human's webhooks, once.
+
+        A repeat of the same decision answers the review as it stands (a second release mints nothing: its run
+        finds the release's dedup slot taken); the other decision, or an event that is not quarantined, is a
+        conflict; another human's event and an unknown id are the same not_found.
+        """
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(_REVIEW_FOR_UPDATE, {"event": event_id, "human": caller.human_id})
+            row = await cur.fetchone()
+            if row is None:
+                raise NotFound(EVENT_NOT_FOUND)
+            if row["disposition"] != "quarantined":
+                raise Conflict(f"event {event_id} is {row['disposition']}, not quarantined")
+            current = row["quarantine_state"]
+            if current == "held":
+                cur = await conn.execute(_REVIEW, {"state": state, "by": by, "note": note, "event": event_id})
+                done = await cur.fetchone()
+                assert done is not None
+                row.update(done, quarantine_state=state)
+            elif current != state:
+                raise Conflict(f"event {event_id} was already {current} by {row['reviewed_by']}")
+        return _review(row)
 
     @translates_errors
     async def prune(self, retention_days: int) -> dict[str, int]:

@@ -37,6 +37,7 @@ class Webhook(BaseModel):
     routing_default_action: dict[str, Any] | None = None
     routing_params: dict[str, Any] | None = None
     config: dict[str, Any] = {}
+    trusted_actors: dict[str, Any] | None = None
 
 
 class IngestWebhook(BaseModel):

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
 from routing.models import ON_FAULT_VALUES, Grant, OnFault
+from routing.replay import RecentCheck, RecentFault, recent_faults_message
 from routing.rules import (
+    RULE_FAULTS_ON_RECENT_EVENTS,
     Candidate,
     CompileChecker,
     CompileCheckUnavailable,
@@ -40,9 +46,10 @@ _LOCK_WEBHOOK = "SELECT id FROM endpoint_webhooks WHERE id = %s AND state = 'liv
 _WRITE_RULES = """
 UPDATE endpoint_webhooks
 SET routing_rules = %(rules)s, routing_default_action = %(default_action)s, routing_params = %(params)s,
-    routing_on_fault = %(on_fault)s, updated_at = now()
+    routing_on_fault = %(on_fault)s, routing_forced = %(forced)s, updated_at = now()
 WHERE id = %(webhook)s
 """
+_READ_FORCED = "SELECT routing_forced FROM endpoint_webhooks WHERE id = %s"
 
 
 class RuleConfig(BaseModel):
@@ -54,9 +61,36 @@ class RuleConfig(BaseModel):
     params: dict[str, Any] | None
     on_fault: OnFault = "continue"
     grant: Grant
+    # The latest save that went through with force over rules faulting on recent events ({at, by, faults}).
+    forced: dict[str, Any] | None = None
 
 
 Edit = Callable[[RuleConfig], Candidate]
+# The save-time replay (routing.replay.recent_faults, in the rule verbs' sandbox): the rules of a validated
+# grant that error or time out on the webhook's latest stored events.
+Vet = Callable[[Grant], Awaitable[RecentCheck]]
+
+log = logging.getLogger("switchboard.rules")
+
+
+def _vetted_by(grant: Grant) -> tuple[Any, ...]:
+    """What a save-time replay's verdict depends on: the expressions in order, their params and the gate (which
+    shapes .actor). Not ids or names (an id minted on each pass differs) and not actions (never evaluated)."""
+    return ([r.get("expr") for r in grant.rules], grant.params, grant.trusted_actors)
+
+
+def _named(faults: list[RecentFault], grant: Grant) -> list[RecentFault]:
+    """The faults with the ids and names of the rules as saved (by index: the expressions are the same)."""
+    out: list[RecentFault] = []
+    for fault in faults:
+        rule = grant.rules[fault.rule_index]
+        out.append(fault.model_copy(update={"rule_id": rule.get("id"), "rule_name": rule.get("name")}))
+    return out
+
+
+def faults_rejection(faults: list[RecentFault], replayed: int) -> RuleRejected:
+    """The refusal of a save whose rules fault on recent events (422 rule_faults_on_recent_events)."""
+    return RuleRejected(recent_faults_message(faults, replayed), code=RULE_FAULTS_ON_RECENT_EVENTS)
 
 
 def rejection(exc: RuleValidationError) -> DomainError:
@@ -102,6 +136,18 @@ async def validated_grant(
     )
 
 
+async def _validated_or_none(
+    candidate: Candidate, grant: Grant, checker: CompileChecker, compiled: Compiled
+) -> Grant | None:
+    """The candidate's grant for the first, unlocked pass; None when it fails validation (the locked pass says why)."""
+    try:
+        return await validated_grant(candidate, grant, checker, compiled)
+    except (StoreUnavailable, StoreRejected, SandboxBusy):
+        raise
+    except DomainError:
+        return None
+
+
 def _owned(grant: Grant | None, caller: Caller) -> Grant:
     """The grant when the caller's human owns the webhook; unknown and foreign are the same not_found."""
     if grant is None or grant.human_id != caller.human_id:
@@ -109,7 +155,7 @@ def _owned(grant: Grant | None, caller: Caller) -> Grant:
     return grant
 
 
-def _config(grant: Grant) -> RuleConfig:
+def _config(grant: Grant, forced: dict[str, Any] | None = None) -> RuleConfig:
     return RuleConfig(
         webhook_id=grant.webhook_id,
         rules=list(grant.rules),
@@ -117,7 +163,14 @@ def _config(grant: Grant) -> RuleConfig:
         params=grant.params,
         on_fault=grant.on_fault,
         grant=grant,
+        forced=forced,
     )
+
+
+async def _forced(conn: AsyncConnection[DictRow], webhook_id: str) -> dict[str, Any] | None:
+    cur = await conn.execute(_READ_FORCED, (webhook_id,))
+    row = await cur.fetchone()
+    return row["routing_forced"] if row is not None else None
 
 
 class RuleStore:
@@ -131,32 +184,67 @@ class RuleStore:
     async def read(self, caller: Caller, webhook_id: str) -> RuleConfig:
         """The saved configuration and the current grant of a webhook the caller's human owns."""
         async with self.pool.connection() as conn:
-            grant = await self.webhooks.grant_on(conn, webhook_id)
-        return _config(_owned(grant, caller))
+            grant = _owned(await self.webhooks.grant_on(conn, webhook_id), caller)
+            forced = await _forced(conn, webhook_id)
+        return _config(grant, forced)
 
     @translates_errors
-    async def modify(self, caller: Caller, webhook_id: str, edit: Edit, checker: CompileChecker) -> RuleConfig:
+    async def modify(
+        self,
+        caller: Caller,
+        webhook_id: str,
+        edit: Edit,
+        checker: CompileChecker,
+        *,
+        vet: Vet | None = None,
+        force: bool = False,
+    ) -> RuleConfig:
         """Read-modify-validate-write under the webhook's row lock; a rejected edit changes nothing.
 
         The candidate's expressions are compile-checked in the sandbox (``checker``) first, outside the lock:
         a check can take up to the sandbox's hard deadline. Errors of that first pass are left to the locked
         pass, which raises them in the usual order; it only compiles what a concurrent save has added since.
+        ``vet`` replays the validated rules over the webhook's latest stored events the same way: outside the
+        lock, and again under it only when a concurrent save changed what it depends on. A rule that faults
+        there refuses the save (rule_faults_on_recent_events) unless ``force``; a forced save is recorded on
+        the webhook (routing_forced) and logged at WARNING with the caller.
         """
         compiled: Compiled = {}
+        vetted: tuple[tuple[Any, ...], RecentCheck] | None = None
         try:
-            first: Candidate | None = edit(await self.read(caller, webhook_id))
+            current = await self.read(caller, webhook_id)
+            first: Candidate | None = edit(current)
         except (StoreUnavailable, StoreRejected):
             raise  # the database's own failure, not a verdict on the edit
         except DomainError:
             first = None  # raised again by the locked pass, after the same checks as ever
         if first is not None:
             compiled = await compiled_in_sandbox(first.rules, checker)
+            if vet is not None:
+                tried = await _validated_or_none(first, current.grant, checker, compiled)
+                if tried is not None:
+                    vetted = (_vetted_by(tried), await vet(tried))
         async with self.pool.connection() as conn, conn.transaction():
             await conn.execute(_LOCK_WEBHOOK, (webhook_id,))
             # The grant is read after the lock, so the list is validated against the state it will run under.
             current = _config(_owned(await self.webhooks.grant_on(conn, webhook_id), caller))
             candidate = edit(current)
             grant = await validated_grant(candidate, current.grant, checker, compiled)
+            faults: list[RecentFault] = []
+            if vet is not None:
+                if vetted is None or vetted[0] != _vetted_by(grant):
+                    vetted = (_vetted_by(grant), await vet(grant))
+                faults = _named(vetted[1].faults, grant)
+            forced: dict[str, Any] | None = None
+            if faults:
+                assert vetted is not None
+                if not force:
+                    raise faults_rejection(faults, vetted[1].replayed)
+                forced = {
+                    "at": datetime.now(UTC).isoformat(),
+                    "by": f"endpoint:{caller.endpoint_id}",
+                    "faults": [f.model_dump() for f in faults],
+                }
             await conn.execute(
                 _WRITE_RULES,
                 {
@@ -164,10 +252,22 @@ class RuleStore:
                     "default_action": Jsonb(grant.default_action) if grant.default_action is not None else None,
                     "params": Jsonb(grant.params) if grant.params is not None else None,
                     "on_fault": grant.on_fault,
+                    "forced": Jsonb(forced) if forced is not None else None,
                     "webhook": webhook_id,
                 },
             )
-        return _config(grant)
+        if forced is not None:
+            log.warning(
+                "rules of webhook %s saved with force by endpoint %s (human %s) over faults on recent events: %s",
+                webhook_id,
+                caller.endpoint_id,
+                caller.human_id,
+                "; ".join(
+                    f"rule {f.rule_index} ({f.rule_id}): {'/'.join(f.causes)} on {', '.join(f.event_ids)}"
+                    for f in faults
+                ),
+            )
+        return _config(grant, forced)
 
     @translates_errors
     async def webhook_config(self, webhook_id: str) -> dict[str, Any]:

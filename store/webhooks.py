@@ -7,9 +7,12 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
 
+from routing.actions import QUARANTINE
 from routing.models import Grant, Target, TriageConfig
 from routing.sources import RESERVED_SOURCES, SOURCE_TYPES, find_source
+from routing.trust import GateError, parse_gate
 from store.crypto import SecretBox
 from store.db import Pool
 from store.errors import (
@@ -26,7 +29,7 @@ from store.models import Caller, IngestWebhook, Webhook
 
 _WEBHOOK_COLUMNS = (
     "id, endpoint_id, source_type, target_queue, trust_mode, ingest_token, state, created_at, updated_at,"
-    " routing_rules, routing_default_action, routing_params, config"
+    " routing_rules, routing_default_action, routing_params, config, trusted_actors"
 )
 
 # The webhook and its live targets in one round trip. Target order: the owner first, then routes by
@@ -35,7 +38,8 @@ _WEBHOOK_COLUMNS = (
 _GRANT_SQL = """
 WITH w AS (
     SELECT w.id, w.endpoint_id, w.source_type, w.target_queue, w.routing_rules, w.routing_default_action,
-           w.routing_params, w.routing_on_fault, w.config, e.webhook_queues, a.owner_human_id AS human_id
+           w.routing_params, w.routing_on_fault, w.config, w.trusted_actors, e.webhook_queues,
+           a.owner_human_id AS human_id
     FROM endpoint_webhooks w
     JOIN endpoints e ON e.id = w.endpoint_id
     JOIN agents a ON a.id = e.agent_id
@@ -62,6 +66,16 @@ FROM w
 """
 
 
+# A live webhook of the caller's human, locked: the owner check of the verbs that change a webhook's trust gate.
+_OWNED_FOR_UPDATE = """
+SELECT w.id, w.source_type FROM endpoint_webhooks w
+JOIN endpoints e ON e.id = w.endpoint_id
+JOIN agents a ON a.id = e.agent_id
+WHERE w.id = %s AND a.owner_human_id = %s AND w.state = 'live' AND NOT w.source_type = ANY(%s)
+FOR UPDATE OF w
+"""
+
+
 class WebhookStore:
     """Webhook rows, their secrets (sealed at rest) and the grant a delivery routes under."""
 
@@ -70,8 +84,11 @@ class WebhookStore:
         self.box = box
 
     @translates_errors
-    async def create(self, caller: Caller, source_type: str, target_queue: str) -> dict[str, Any]:
-        """Create a webhook within the caller's ceiling; the secret is in this result only."""
+    async def create(
+        self, caller: Caller, source_type: str, target_queue: str, trusted_actors: Any = None
+    ) -> dict[str, Any]:
+        """Create a webhook within the caller's ceiling (with its trust gate, when given); the secret is in this
+        result only."""
         source = find_source(source_type)
         if source is not None and source.reserved:
             # Internal sources (schedule fires) are switchboard's own; no agent may mint a URL for one.
@@ -82,6 +99,9 @@ class WebhookStore:
             raise ForbiddenSourceType("source type not allowed by this endpoint's ceiling")
         if target_queue not in caller.webhook_queues:
             raise Forbidden("target queue not allowed by this endpoint's ceiling")
+        if target_queue == QUARANTINE:
+            raise InvalidArgument('the queue name "quarantine" is reserved for quarantined deliveries')
+        gate = _gate(trusted_actors, source_type)
         trust_mode = source.trust_mode
         webhook_id = new_id("wh")
         secret = new_webhook_secret() if trust_mode == "signed" else None
@@ -101,8 +121,17 @@ class WebhookStore:
                 raise CeilingExceeded("webhook ceiling reached for this endpoint")
             await conn.execute(
                 "INSERT INTO endpoint_webhooks (id, endpoint_id, source_type, target_queue, trust_mode,"
-                " ingest_token, secret_ciphertext) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                (webhook_id, caller.endpoint_id, source_type, target_queue, trust_mode, token, sealed),
+                " ingest_token, secret_ciphertext, trusted_actors) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                (
+                    webhook_id,
+                    caller.endpoint_id,
+                    source_type,
+                    target_queue,
+                    trust_mode,
+                    token,
+                    sealed,
+                    Jsonb(gate) if gate is not None else None,
+                ),
             )
         return {
             "webhook_id": webhook_id,
@@ -111,7 +140,23 @@ class WebhookStore:
             "trust_mode": trust_mode,
             "ingest_token": token,
             "secret": secret,
+            "trusted_actors": gate,
         }
+
+    @translates_errors
+    async def set_trusted_actors(self, caller: Caller, webhook_id: str, trusted_actors: Any) -> dict[str, Any] | None:
+        """Set (or, with None, remove) a webhook's trust gate; only its owner's human may, others get not_found."""
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(_OWNED_FOR_UPDATE, (webhook_id, caller.human_id, list(RESERVED_SOURCES)))
+            row = await cur.fetchone()
+            if row is None:
+                raise NotFound("unknown webhook")
+            gate = _gate(trusted_actors, row["source_type"])
+            await conn.execute(
+                "UPDATE endpoint_webhooks SET trusted_actors = %s, updated_at = now() WHERE id = %s",
+                (Jsonb(gate) if gate is not None else None, webhook_id),
+            )
+        return gate
 
     @translates_errors
     async def list_for_endpoint(self, caller: Caller) -> list[Webhook]:
@@ -189,6 +234,7 @@ class WebhookStore:
             on_fault=row["routing_on_fault"],
             subject_path=((row["config"] or {}).get("collector") or {}).get("subject_path"),
             llm_triage=TriageConfig.model_validate(row["llm_triage"]) if row["llm_triage"] else None,
+            trusted_actors=row["trusted_actors"],
         )
 
     @translates_errors
@@ -256,6 +302,16 @@ class WebhookStore:
             await conn.execute("DELETE FROM webhook_routes WHERE webhook_id = %s", (webhook_id,))
             # Its reconciler's token goes with its secret; the reconciler's next run removes its schedule.
             await conn.execute("DELETE FROM webhook_reconcilers WHERE webhook_id = %s", (webhook_id,))
+
+
+def _gate(trusted_actors: Any, source_type: str) -> dict[str, Any] | None:
+    """A trust gate normalized for storage (routing.trust's own parser), or None for none; invalid_argument else."""
+    if trusted_actors is None:
+        return None
+    try:
+        return parse_gate(trusted_actors, source_type)[0]
+    except GateError as exc:
+        raise InvalidArgument(f"trusted_actors: {exc}") from None
 
 
 def collector_secret_context(webhook_id: str) -> str:

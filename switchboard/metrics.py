@@ -85,7 +85,7 @@ INGEST_DURATION = Histogram(
 DELIVERIES = Counter(
     "switchboard_deliveries",
     "Deliveries decided by RouteDelivery, by source type and decision"
-    " (routed, dropped, repeat, faulted, duplicate, gone, no_targets).",
+    " (routed, dropped, repeat, faulted, quarantined, duplicate, gone, no_targets).",
     ["source", "decision"],
 )
 RULE_FAULTS = Counter(

@@ -123,6 +123,49 @@ def test_agent_commands_from_the_verb_table_send_their_verbs_input(monkeypatch: 
     )
 
 
+def test_trust_gate_and_quarantine_commands_send_their_verbs_input(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert run_agent(monkeypatch, "webhooks", "trust", "wh_1", "--logins", "Alice, bob", "--match", "author") == (
+        "set_webhook_trusted_actors",
+        {"webhook_id": "wh_1", "trusted_actors": {"logins": ["Alice", "bob"], "match": "author"}},
+    )
+    assert run_agent(monkeypatch, "webhooks", "trust", "wh_1", "--logins", "") == (
+        "set_webhook_trusted_actors",
+        {"webhook_id": "wh_1", "trusted_actors": {"logins": [], "match": "both"}},
+    )
+    assert run_agent(monkeypatch, "webhooks", "trust", "wh_1", "--actor-ids", "joe@example.com") == (
+        "set_webhook_trusted_actors",
+        {"webhook_id": "wh_1", "trusted_actors": {"actor_ids": ["joe@example.com"]}},
+    )
+    assert run_agent(monkeypatch, "webhooks", "trust", "wh_1", "--allow-all")[1]["trusted_actors"] == {
+        "allow_all": True
+    }
+    assert run_agent(monkeypatch, "webhooks", "trust", "wh_1", "--clear")[1] == {
+        "webhook_id": "wh_1",
+        "trusted_actors": None,
+    }
+    assert run_agent(monkeypatch, "events", "release", "ev_1", "--note", "ok") == (
+        "release_webhook_event",
+        {"event_id": "ev_1", "note": "ok"},
+    )
+    assert run_agent(monkeypatch, "events", "dismiss", "ev_1") == ("dismiss_webhook_event", {"event_id": "ev_1"})
+    assert run_agent(monkeypatch, "events", "list", "--disposition", "quarantined", "--quarantine-state", "held") == (
+        "list_webhook_events",
+        {"disposition": "quarantined", "quarantine_state": "held"},
+    )
+    rules = tmp_path / "rules.json"
+    rules.write_text('{"rules": [], "default_action": {"quarantine": true}}')
+    assert run_agent(monkeypatch, "rules", "set", "wh_1", "--file", str(rules), "--force") == (
+        "set_webhook_rules",
+        {"webhook_id": "wh_1", "rules": [], "default_action": {"quarantine": True}, "force": True},
+    )
+    assert (
+        run_agent(monkeypatch, "rules", "install", "--webhook", "wh_1", "--pack", str(rules), "--force")[1]["force"]
+        is True
+    )
+
+
 def test_every_agent_command_is_in_the_readme() -> None:
     commands = {name: verb.cli for name, verb in REGISTRY.items() if verb.cli is not None}
     assert set(commands) >= {"retry_todo", "cancel_todo", "get_reroute"}

@@ -25,6 +25,8 @@ def end_details(result: CommitResult, faults: object = None) -> str:
     outcome = result.status if result.status != "committed" else result.disposition
     flags = [name for name in ("duplicate", "repeat") if getattr(result, name)]
     lines = [f"**decision** {plain(outcome)}" + (f" ({', '.join(flags)})" if flags else "")]
+    if result.quarantine_reason:
+        lines.append(f"**held for a person** ({plain(result.quarantine_reason)}): release_webhook_event routes it")
     if result.rule_id:
         lines.append(f"**rule** `{plain(result.rule_id)}`")
     if result.event_id:

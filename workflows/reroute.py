@@ -59,6 +59,9 @@ def reroute_start(delivery: DeliveryInput) -> tuple[TypedSearchAttributes, str, 
     if delivery.reroute_of:
         attrs.append(SearchAttributePair(search.REROUTE_OF, delivery.reroute_of))
     details = f"**re-route of** `{plain(delivery.reroute_of or '')}`\n\n{start_details(delivery)}"
+    if delivery.release is not None:
+        release = delivery.release
+        details = f"**released** by `{plain(release.by)}` at {plain(release.at)}\n\n{details}"
     return TypedSearchAttributes(attrs), delivery.summary, details
 
 

@@ -76,9 +76,11 @@ class RouteDelivery:
                 CommitResult(status="no_targets", verified=delivery.verified, trust_mode=delivery.trust_mode)
             )
 
-        # The one routing composition (routing.router); its evaluate and triage steps are activities, decide
-        # runs here. The envelope is built here, once, and only when routing reads it.
-        envelope = delivery.envelope() if needs_envelope(grant) else None
+        # The one routing composition (routing.router): the trust gate, then its evaluate and triage steps are
+        # activities, decide runs here. The envelope is built here, once, under the webhook's gate, and only when
+        # routing reads it.
+        self.trusted_actors = grant.trusted_actors
+        envelope = delivery.envelope(grant.trusted_actors) if needs_envelope(grant) else None
         routed = await route(grant, envelope, self._evaluate, self._triage)
         decision = routed.decision
 
@@ -143,7 +145,9 @@ class RouteDelivery:
                 RouteActivities.evaluate_rules,
                 # The delivery, not the envelope: a regular activity's input is recorded, and the delivery's size is
                 # bounded by the ingest cap, while an envelope re-serialized from a hostile body is not.
-                QueuedEvaluateInput(delivery=delivery, rules=rules.rules, params=rules.params),
+                QueuedEvaluateInput(
+                    delivery=delivery, rules=rules.rules, params=rules.params, trusted_actors=self.trusted_actors
+                ),
                 task_queue=evaluate_task_queue(workflow.info().task_queue),
                 # Waiting for a slot and running are bounded apart: a flood waits its turn (queueing), while a
                 # worker that died mid-evaluation is still noticed by the heartbeat within seconds.

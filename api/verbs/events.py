@@ -8,8 +8,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from api.verbs.registry import READ, CliArg, CliCommand, Context, VerbInput, verb
-from routing.models import EventDisposition
-from store.events import EventDetail, EventSummary
+from routing.models import EVENT_DISPOSITIONS, EventDisposition
+from routing.trust import QuarantineReason, quarantine_reason
+from store.events import EventDetail, EventSummary, QuarantineState
 
 EVENTS_HELP = "event history and re-routes (as the webhooks' owner)"
 
@@ -19,7 +20,14 @@ class ListEventsInput(VerbInput):
     kind: str | None = Field(default=None, max_length=256, description="only this .kind, e.g. issues or push")
     disposition: EventDisposition | None = Field(
         default=None,
-        description="only events routed, dropped, repeat (once key already claimed) or faulted (on_fault hold)",
+        description=(
+            "only events routed, dropped, repeat (once key already claimed), faulted (on_fault hold) or quarantined"
+            " (held for a person: the trust gate or a quarantine action)"
+        ),
+    )
+    quarantine_state: QuarantineState | None = Field(
+        default=None,
+        description="only quarantined events still held, released (routed again) or dismissed",
     )
     since: datetime | None = Field(default=None, description="only events received at or after this instant")
     limit: int = Field(default=50, ge=1, le=200, description="the most events on one page")
@@ -36,6 +44,17 @@ class ListEventsInput(VerbInput):
     )
 
 
+class QuarantineOut(BaseModel):
+    """Why an event was quarantined and what a person decided (release_webhook_event, dismiss_webhook_event)."""
+
+    state: QuarantineState
+    reason: QuarantineReason = Field(description="untrusted_actor (the trust gate) or rule_action")
+    reviewed_by: str | None = Field(default=None, description='who released or dismissed it: "endpoint:<id>"')
+    reviewed_at: datetime | None = None
+    note: str | None = None
+    release_event_id: str | None = Field(default=None, description="the event its release routed")
+
+
 class EventOut(BaseModel):
     id: str
     source: str
@@ -49,6 +68,13 @@ class EventOut(BaseModel):
     routing: dict[str, Any] = Field(description="the routing trace: rule, action, faults, once-key")
     todo_ids: list[str]
     reroute_of: str | None = Field(default=None, description="the original event, when this event is a re-route")
+    quarantine: QuarantineOut | None = Field(
+        default=None, description="a quarantined event's review: held, or released / dismissed by whom and when"
+    )
+    release: dict[str, Any] | None = Field(
+        default=None,
+        description="the release that routed this event past the trust gate ({by, at, event_id}), when it is one",
+    )
 
 
 class ListEventsOutput(BaseModel):
@@ -68,8 +94,21 @@ class EventDetailOut(EventOut):
     payload_encoding: Literal["json", "text", "base64"]
 
 
+def _quarantine(e: EventSummary) -> QuarantineOut | None:
+    if e.quarantine_state is None:
+        return None
+    return QuarantineOut(
+        state=e.quarantine_state,
+        reason=quarantine_reason(e.routing),
+        reviewed_by=e.reviewed_by,
+        reviewed_at=e.reviewed_at,
+        note=e.review_note,
+        release_event_id=e.release_event_id,
+    )
+
+
 def _summary(e: EventSummary) -> EventOut:
-    return EventOut.model_validate(e.model_dump())
+    return EventOut.model_validate({**e.model_dump(), "quarantine": _quarantine(e)})
 
 
 @verb(
@@ -87,7 +126,8 @@ def _summary(e: EventSummary) -> EventOut:
         (
             CliArg("webhook_id", "--webhook", help="only this webhook's (wh_…)"),
             CliArg("kind", "--kind", help="only this kind, e.g. issues"),
-            CliArg("disposition", "--disposition", choices=("routed", "dropped", "repeat", "faulted")),
+            CliArg("disposition", "--disposition", choices=EVENT_DISPOSITIONS),
+            CliArg("quarantine_state", "--quarantine-state", choices=("held", "released", "dismissed")),
             CliArg("since", "--since", help="received at or after (ISO 8601)"),
             CliArg("delivery_id", "--delivery-id", help="only the events of this producer delivery"),
             CliArg("limit", "--limit", type="int", help="the most events (≤ 200, default 50)"),
@@ -102,6 +142,7 @@ async def list_webhook_events(ctx: Context, data: ListEventsInput) -> ListEvents
         webhook_id=data.webhook_id,
         kind=data.kind,
         disposition=data.disposition,
+        quarantine_state=data.quarantine_state,
         # A naive instant is read as UTC rather than as the database session's zone.
         since=data.since.replace(tzinfo=UTC) if data.since and data.since.tzinfo is None else data.since,
         limit=data.limit,
@@ -129,4 +170,4 @@ async def list_webhook_events(ctx: Context, data: ListEventsInput) -> ListEvents
 )
 async def get_webhook_event(ctx: Context, data: GetEventInput) -> EventDetailOut:
     found: EventDetail = await ctx.services.events.get(ctx.caller, data.event_id)
-    return EventDetailOut.model_validate(found.model_dump())
+    return EventDetailOut.model_validate({**found.model_dump(), "quarantine": _quarantine(found)})

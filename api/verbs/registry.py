@@ -54,7 +54,7 @@ class AdminContext:
 ArgType = Literal["int", "float", "csv", "json_file", "rate", "secret_file"]
 """How a command-line value becomes the input field's value: a number, a comma-separated list, a JSON file (`-`:
 standard input), a rate (`default` is null). The command line implements each (cli/commands.py)."""
-Completer = Literal["vend_defaults", "spread_config", "reconciler_scope"]
+Completer = Literal["vend_defaults", "spread_config", "reconciler_scope", "trust_flags"]
 """How a command's parsed arguments become the verb's input where its shorthand differs (cli/commands.py)."""
 
 

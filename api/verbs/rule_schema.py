@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
 
 from routing.rules import MAX_ENDPOINTS, MAX_EXPR_BYTES, MAX_ID_CHARS, MAX_NAME_BYTES, MAX_RULES, RULE_ID_RE
+from routing.trust import MAX_TRUSTED
 
 
 class _Schema(BaseModel):
@@ -42,7 +43,14 @@ class DropAction(_Schema):
     drop: Literal[True] = Field(description="always true")
 
 
-Action = Annotated[QueueAction | DropAction, Field(description='exactly one of {"queue": …} or {"drop": true}')]
+class QuarantineAction(_Schema):
+    """Store the event as quarantined for a person to release or dismiss; mint nothing until released."""
+
+    quarantine: Literal[True] = Field(description="always true")
+
+
+_ONE_OF = 'exactly one of {"queue": …}, {"drop": true} or {"quarantine": true}'
+Action = Annotated[QueueAction | DropAction | QuarantineAction, Field(description=_ONE_OF)]
 
 _ID_DOC = f"1–{MAX_ID_CHARS} characters of [A-Za-z0-9_-], unique in the list"
 _NAME_DOC = f"a label for people, at most {MAX_NAME_BYTES} bytes"
@@ -68,8 +76,8 @@ class RulePatch(_Schema):
     id: str | None = Field(default=None, pattern=_ID_PATTERN, description="a new id renames the rule")
     name: str | None = Field(default=None, description=_NAME_DOC + "; null removes it")
     expr: str | None = Field(default=None, description=_EXPR_DOC)
-    action: QueueAction | DropAction | None = Field(
-        default=None, description='the new action: exactly one of {"queue": …} or {"drop": true}'
+    action: QueueAction | DropAction | QuarantineAction | None = Field(
+        default=None, description="the new action: " + _ONE_OF
     )
 
 
@@ -90,4 +98,33 @@ class SchemaOf:
 RulesJSON = Annotated[list[dict[str, Any]], SchemaOf(Annotated[list[Rule], Field(max_length=MAX_RULES)])]
 RuleJSON = Annotated[dict[str, Any], SchemaOf(Rule)]
 RulePatchJSON = Annotated[dict[str, Any], SchemaOf(RulePatch)]
-ActionJSON = Annotated[dict[str, Any], SchemaOf(QueueAction | DropAction)]
+ActionJSON = Annotated[dict[str, Any], SchemaOf(QueueAction | DropAction | QuarantineAction)]
+
+
+class AllowAll(_Schema):
+    """Trust every sender and author (the gate is open)."""
+
+    allow_all: Literal[True] = Field(description="always true")
+
+
+class TrustedLogins(_Schema):
+    """Trust these forge logins (ASCII case-insensitive); an empty list trusts no one."""
+
+    logins: list[str] = Field(max_length=MAX_TRUSTED, description="forge logins; an empty list trusts no one")
+    match: Literal["sender", "author", "both"] = Field(
+        default="both",
+        description=(
+            "sender: who sent the event; author: who wrote the comment or review and the thread it is on (an event"
+            " with neither is its sender's); both"
+        ),
+    )
+
+
+class TrustedActorIds(_Schema):
+    """Trust these cairn actor ids (exactly; never on_behalf_of); an empty list trusts no one."""
+
+    actor_ids: list[str] = Field(max_length=MAX_TRUSTED, description="cairn actor ids; an empty list trusts no one")
+
+
+# Validated by routing/trust.py (invalid_argument naming what is wrong); the schema documents the shapes.
+TrustedActorsJSON = Annotated[dict[str, Any], SchemaOf(AllowAll | TrustedLogins | TrustedActorIds)]

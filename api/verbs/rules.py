@@ -9,6 +9,7 @@ store.events) and persist nothing.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field, StrictBool
@@ -17,13 +18,14 @@ from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInp
 from api.verbs.rule_schema import ActionJSON, RuleJSON, RulePatchJSON, RulesJSON
 from routing import replay
 from routing.models import Grant, OnFault
-from routing.replay import BacktestSummary, DecisionSummary, ReplayedEvent
+from routing.replay import BacktestSummary, DecisionSummary, RecentCheck, ReplayedEvent
 from routing.router import evaluator, route
 from routing.rules import Candidate
 from routing.sandbox import SandboxPool
-from store.errors import InvalidArgument, RuleNotFound
+from routing.trust import Release
+from store.errors import InvalidArgument, RuleNotFound, SandboxBusy
 from store.events import EventStore
-from store.rules import RuleConfig, validated_grant
+from store.rules import Edit, RuleConfig, Vet, validated_grant
 
 FAMILY = "webhooks"
 BACKTEST_MAX = 200
@@ -33,6 +35,10 @@ BACKTEST_DEFAULT = 50
 _RULES_DOC = "ordered rules {id?, name?, expr, action}; ids are minted when omitted"
 _DEFAULT_DOC = 'the action when no rule matches; null means {"queue": <target queue>} on every target'
 _PARAMS_DOC = "JSON object bound as $params in every expression (≤ 16 KiB encoded)"
+_FORCE_DOC = (
+    "save even when a rule errors or times out on some of the webhook's latest 50 stored events (otherwise"
+    " refused with rule_faults_on_recent_events); the override is recorded as `forced`"
+)
 _ON_FAULT_DOC = (
     '"continue" (a faulted rule is a no-match) or "hold" (any fault stops evaluation; the event is stored as'
     " faulted and nothing is minted)"
@@ -46,6 +52,12 @@ _ON_FAULT_DOC = (
 
 class WebhookInput(VerbInput):
     webhook_id: str = Field(min_length=1, max_length=128, description="one of your webhooks (list_webhooks)")
+
+
+class SaveInput(WebhookInput):
+    """A rule verb that saves: the rules are replayed over the webhook's latest stored events first."""
+
+    force: bool = Field(default=False, description=_FORCE_DOC)
 
 
 class GrantTargetOut(BaseModel):
@@ -73,9 +85,16 @@ class RulesOutput(BaseModel):
     params: dict[str, Any] | None
     on_fault: OnFault = Field(description=_ON_FAULT_DOC)
     grant: GrantOut
+    forced: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "the latest save that went through with force over rules faulting on recent events: {at, by, faults}"
+            " (null once a save found none)"
+        ),
+    )
 
 
-class SetRulesInput(WebhookInput):
+class SetRulesInput(SaveInput):
     rules: RulesJSON = Field(description=_RULES_DOC)
     default_action: ActionJSON | None = Field(default=None, description=_DEFAULT_DOC)
     params: dict[str, Any] | None = Field(default=None, description=_PARAMS_DOC + "; omitting it clears them")
@@ -84,7 +103,7 @@ class SetRulesInput(WebhookInput):
     )
 
 
-class AddRuleInput(WebhookInput):
+class AddRuleInput(SaveInput):
     rule: RuleJSON = Field(description="the rule to insert: {id?, name?, expr, action}")
     position: int | None = Field(default=None, ge=0, description="index to insert at; default: the end")
 
@@ -93,19 +112,19 @@ class AddRuleOutput(RulesOutput):
     rule_id: str = Field(description="the added rule's id (minted when omitted)")
 
 
-class UpdateRuleInput(WebhookInput):
+class UpdateRuleInput(SaveInput):
     rule_id: str = Field(min_length=1, max_length=256, description="the id of the rule to change")
     rule: RulePatchJSON = Field(
         description="fields to replace (id, name, expr, action); a null name removes it; a new id renames"
     )
 
 
-class MoveRuleInput(WebhookInput):
+class MoveRuleInput(SaveInput):
     rule_id: str = Field(min_length=1, max_length=256, description="the id of the rule to move")
     position: int = Field(ge=0, description="the rule's index after the move")
 
 
-class RemoveRuleInput(WebhookInput):
+class RemoveRuleInput(SaveInput):
     rule_id: str = Field(min_length=1, max_length=256, description="the id of the rule to remove")
 
 
@@ -127,6 +146,10 @@ class DryRunInput(CandidateInput):
     headers: dict[str, str] | None = Field(default=None, description="the sample's request headers")
     event_id: str | None = Field(default=None, min_length=1, max_length=128, description="an event of this webhook")
     omit_envelope: StrictBool = Field(default=False, description="leave the evaluated envelope out of the answer")
+    released: bool = Field(
+        default=False,
+        description="try it as a release by you now (.release set): past the trust gate, as release_webhook_event routes",
+    )
 
 
 class DryRunOutput(BaseModel):
@@ -163,6 +186,7 @@ def _out(config: RuleConfig) -> dict[str, Any]:
         "effective_default_action": config.default_action or {"queue": grant.target_queue},
         "params": config.params,
         "on_fault": config.on_fault,
+        "forced": config.forced,
         "grant": GrantOut(
             queues=grant.queues(),
             endpoints=[
@@ -192,6 +216,30 @@ def sandbox_of(ctx: Context) -> SandboxPool:
 def history_of(ctx: Context) -> EventStore:
     """The event history the dry-run and the backtest replay."""
     return EventStore(ctx.services.pool)
+
+
+def vet_of(ctx: Context) -> Vet:
+    """A save's replay of its rules over the webhook's latest stored events, in the rule verbs' sandbox."""
+    history, evaluate = history_of(ctx), evaluator(sandbox_of(ctx))
+
+    async def vet(grant: Grant) -> RecentCheck:
+        # Queued behind the caller's own backtests, like them: up to 50 evaluations.
+        async with ctx.services.backtests.hold(ctx.caller.endpoint_id):
+            check = await replay.recent_faults(history, grant, evaluate)
+        if check.unchecked:
+            raise SandboxBusy(
+                f"{check.unchecked} of the latest stored events could not be evaluated in time; nothing was saved"
+            )
+        return check
+
+    return vet
+
+
+async def saved(ctx: Context, data: SaveInput, edit: Edit) -> RuleConfig:
+    """A rule verb's save: validated, compiled and replayed over recent events, under the webhook's lock."""
+    return await ctx.services.rules.modify(
+        ctx.caller, data.webhook_id, edit, sandbox_of(ctx), vet=vet_of(ctx), force=data.force
+    )
 
 
 async def tried_grant(ctx: Context, saved: RuleConfig, data: CandidateInput) -> tuple[Grant, bool]:
@@ -246,6 +294,7 @@ async def list_webhook_rules(ctx: Context, data: WebhookInput) -> RulesOutput:
         (
             CliArg("webhook_id", help="the webhook (wh_…)"),
             CliArg("config", "--file", required=True, type="json_file", metavar="FILE", help=CONFIG_HELP),
+            CliArg("force", "--force", switch=True, help="save even if a rule faults on recent events (recorded)"),
         ),
         complete="spread_config",
         columns=("id", "name", "expr", "action"),
@@ -256,7 +305,7 @@ async def set_webhook_rules(ctx: Context, data: SetRulesInput) -> RulesOutput:
         on_fault = data.on_fault if data.on_fault is not None else current.on_fault
         return Candidate(rules=data.rules, default_action=data.default_action, params=data.params, on_fault=on_fault)
 
-    return RulesOutput(**_out(await ctx.services.rules.modify(ctx.caller, data.webhook_id, edit, sandbox_of(ctx))))
+    return RulesOutput(**_out(await saved(ctx, data, edit)))
 
 
 @verb(
@@ -281,7 +330,7 @@ async def add_webhook_rule(ctx: Context, data: AddRuleInput) -> AddRuleOutput:
             rules=rules, default_action=current.default_action, params=current.params, on_fault=current.on_fault
         )
 
-    config = await ctx.services.rules.modify(ctx.caller, data.webhook_id, edit, sandbox_of(ctx))
+    config = await saved(ctx, data, edit)
     return AddRuleOutput(**_out(config), rule_id=config.rules[placed[-1]]["id"])
 
 
@@ -310,7 +359,7 @@ async def update_webhook_rule(ctx: Context, data: UpdateRuleInput) -> RulesOutpu
             rules=rules, default_action=current.default_action, params=current.params, on_fault=current.on_fault
         )
 
-    return RulesOutput(**_out(await ctx.services.rules.modify(ctx.caller, data.webhook_id, edit, sandbox_of(ctx))))
+    return RulesOutput(**_out(await saved(ctx, data, edit)))
 
 
 @verb(
@@ -335,7 +384,7 @@ async def move_webhook_rule(ctx: Context, data: MoveRuleInput) -> RulesOutput:
             rules=rules, default_action=current.default_action, params=current.params, on_fault=current.on_fault
         )
 
-    return RulesOutput(**_out(await ctx.services.rules.modify(ctx.caller, data.webhook_id, edit, sandbox_of(ctx))))
+    return RulesOutput(**_out(await saved(ctx, data, edit)))
 
 
 @verb(
@@ -362,7 +411,7 @@ async def remove_webhook_rule(ctx: Context, data: RemoveRuleInput) -> RemoveRule
             rules=rules, default_action=locked.default_action, params=locked.params, on_fault=locked.on_fault
         )
 
-    config = await store.modify(ctx.caller, data.webhook_id, edit, sandbox_of(ctx))
+    config = await saved(ctx, data, edit)
     return RemoveRuleOutput(**_out(config), removed=removed[-1])
 
 
@@ -390,6 +439,7 @@ async def remove_webhook_rule(ctx: Context, data: RemoveRuleInput) -> RemoveRule
             CliArg("event_id", "--event", help="a stored event of this webhook (ev_…) instead of a sample"),
             CliArg("config", "--rules", type="json_file", metavar="FILE", help="candidate: " + CONFIG_HELP),
             CliArg("omit_envelope", "--omit-envelope", switch=True, help="leave the evaluated envelope out"),
+            CliArg("released", "--released", switch=True, help="try it as released by you (past the trust gate)"),
         ),
         complete="spread_config",
     ),
@@ -403,11 +453,16 @@ async def test_webhook_rules(ctx: Context, data: DryRunInput) -> DryRunOutput:
         raise InvalidArgument("headers go with a sample payload; a stored event has its own")
     saved = await ctx.services.rules.read(ctx.caller, data.webhook_id)
     grant, is_candidate = await tried_grant(ctx, saved, data)
+    release = Release(by=f"endpoint:{ctx.caller.endpoint_id}", at=datetime.now(UTC).isoformat())
     if data.event_id is not None:
-        envelope = (await history_of(ctx).stored_event(data.webhook_id, data.event_id)).envelope()
+        stored = await history_of(ctx).stored_event(data.webhook_id, data.event_id)
+        if data.released:
+            stored = stored.model_copy(update={"release": release})
+        envelope = stored.envelope(grant.trusted_actors)
     else:
         config = await ctx.services.rules.webhook_config(data.webhook_id)
-        envelope = replay.sample_envelope(grant, config, data.payload, data.headers)
+        shown = release if data.released else None
+        envelope = replay.sample_envelope(grant, config, data.payload, data.headers, release=shown)
     decision = (await route(grant, envelope, evaluator(sandbox_of(ctx)))).decision
     return DryRunOutput(
         webhook_id=data.webhook_id,

@@ -8,9 +8,17 @@ from typing import Any
 from pydantic import BaseModel, Field, StrictBool
 
 from api.verbs.registry import READ, CliArg, CliCommand, CliExport, Context, Hints, VerbInput, verb
+from api.verbs.rule_schema import TrustedActorsJSON
 from routing.sources import SOURCE_TYPES
+from routing.trust import GATED_SOURCES
 
 WEBHOOKS_HELP = "webhooks (as their owning endpoint)"
+_TRUST_DOC = (
+    f"the trust gate ({', '.join(GATED_SOURCES)} webhooks): a delivery whose sender or author it does not trust is"
+    ' quarantined before any rule. {"allow_all": true} | {"logins": [...], "match": "sender" | "author" | "both"}'
+    ' (forges; logins compare ASCII case-insensitively; match defaults to both) | {"actor_ids": [...]} (cairn);'
+    " an empty list trusts no one; null: no gate"
+)
 
 
 class CreateWebhookInput(VerbInput):
@@ -25,6 +33,7 @@ class CreateWebhookInput(VerbInput):
     target_queue: str = Field(
         min_length=1, max_length=128, description="the queue deliveries land on by default (within your ceiling)"
     )
+    trusted_actors: TrustedActorsJSON | None = Field(default=None, description=_TRUST_DOC)
 
 
 class CreateWebhookOutput(BaseModel):
@@ -34,6 +43,7 @@ class CreateWebhookOutput(BaseModel):
     ingest_url: str
     trust_mode: str
     secret: str | None = Field(default=None, description="shown once, for signed source types")
+    trusted_actors: dict[str, Any] | None = Field(default=None, description="the trust gate, as stored")
 
 
 class ListWebhooksInput(VerbInput):
@@ -48,6 +58,7 @@ class WebhookOut(BaseModel):
     ingest_url: str
     created_at: datetime
     rule_count: int
+    trusted_actors: dict[str, Any] | None = Field(default=None, description="the trust gate; null: none")
 
 
 class CeilingOut(BaseModel):
@@ -92,7 +103,9 @@ def ingest_url(ctx: Context, token: str) -> str:
     ),
 )
 async def create_webhook(ctx: Context, data: CreateWebhookInput) -> CreateWebhookOutput:
-    made: dict[str, Any] = await ctx.services.webhooks.create(ctx.caller, data.source_type, data.target_queue)
+    made: dict[str, Any] = await ctx.services.webhooks.create(
+        ctx.caller, data.source_type, data.target_queue, data.trusted_actors
+    )
     return CreateWebhookOutput(
         webhook_id=made["webhook_id"],
         source_type=made["source_type"],
@@ -100,6 +113,7 @@ async def create_webhook(ctx: Context, data: CreateWebhookInput) -> CreateWebhoo
         ingest_url=ingest_url(ctx, made["ingest_token"]),
         trust_mode=made["trust_mode"],
         secret=made["secret"],
+        trusted_actors=made["trusted_actors"],
     )
 
 
@@ -131,6 +145,7 @@ async def list_webhooks(ctx: Context, data: ListWebhooksInput) -> ListWebhooksOu
                 ingest_url=ingest_url(ctx, w.ingest_token),
                 created_at=w.created_at,
                 rule_count=len(w.routing_rules),
+                trusted_actors=w.trusted_actors,
             )
             for w in rows
         ],
@@ -213,3 +228,43 @@ async def rotate_webhook(ctx: Context, data: RotateWebhookInput) -> RotateWebhoo
 async def delete_webhook(ctx: Context, data: DeleteWebhookInput) -> DeleteWebhookOutput:
     await ctx.services.webhooks.delete(ctx.caller, data.webhook_id)
     return DeleteWebhookOutput(webhook_id=data.webhook_id)
+
+
+class SetTrustedActorsInput(VerbInput):
+    webhook_id: str = Field(min_length=1, max_length=128, description="one of your human's webhooks")
+    # Required, so a call that forgets it never removes a gate: null is said on purpose.
+    trusted_actors: TrustedActorsJSON | None = Field(description=_TRUST_DOC)
+
+
+class SetTrustedActorsOutput(BaseModel):
+    webhook_id: str
+    trusted_actors: dict[str, Any] | None = Field(description="the trust gate as stored; null: none")
+
+
+@verb(
+    "set_webhook_trusted_actors",
+    input=SetTrustedActorsInput,
+    output=SetTrustedActorsOutput,
+    family="webhooks",
+    summary="Set (or, with null, remove) a webhook's trust gate; only the webhook's owner may.",
+    rate_class="authoring",
+    hints=Hints(destructive=True, idempotent=True),
+    cli=CliCommand(
+        "webhooks",
+        WEBHOOKS_HELP,
+        "trust",
+        "set_webhook_trusted_actors: quarantine deliveries whose sender or author the webhook does not trust",
+        (
+            CliArg("webhook_id", help="the webhook (wh_…)"),
+            CliArg("logins", "--logins", help="trusted forge logins, comma-separated (empty: nobody)"),
+            CliArg("match", "--match", choices=("sender", "author", "both"), help="who must be trusted (default both)"),
+            CliArg("actor_ids", "--actor-ids", help="trusted cairn actor ids, comma-separated"),
+            CliArg("allow_all", "--allow-all", switch=True, help="trust everyone (the gate is open)"),
+            CliArg("clear", "--clear", switch=True, help="remove the gate"),
+        ),
+        complete="trust_flags",
+    ),
+)
+async def set_webhook_trusted_actors(ctx: Context, data: SetTrustedActorsInput) -> SetTrustedActorsOutput:
+    stored = await ctx.services.webhooks.set_trusted_actors(ctx.caller, data.webhook_id, data.trusted_actors)
+    return SetTrustedActorsOutput(webhook_id=data.webhook_id, trusted_actors=stored)

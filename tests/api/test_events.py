@@ -79,6 +79,8 @@ async def test_a_delivery_is_listed_with_its_trace_and_read_back_sanitized(stack
         "routing",
         "todo_ids",
         "reroute_of",
+        "quarantine",
+        "release",
     }
     assert summary["reroute_of"] is None
     assert summary["id"] == delivered["event_id"] and summary["webhook_id"] == webhook["webhook_id"]

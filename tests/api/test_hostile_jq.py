@@ -207,6 +207,9 @@ async def test_hostile_jq_is_refused_at_save_or_bounded_and_never_reads_the_envi
                     "webhook_id": wid,
                     "rules": [{"id": "hostile", "expr": program, "action": {"queue": "leak"}}],
                     "default_action": {"queue": "work"},
+                    # Saved even when it faults on the events stored so far (rule_faults_on_recent_events): what
+                    # is tested here is how a delivery bounds a hostile rule that is in force.
+                    "force": True,
                 },
             )
             save_seconds.append((time.perf_counter() - started, program))

@@ -290,6 +290,9 @@ async def test_verbs_have_the_rate_class_their_kind_of_work_needs(stack: Stack) 
         "set_llm_triage",
         "clear_llm_triage",
         "preview_llm_triage",
+        "set_webhook_trusted_actors",
+        "release_webhook_event",
+        "dismiss_webhook_event",
     }
     churn = {"create_webhook", "rotate_webhook", "delete_webhook", "create_schedule", "delete_schedule"}
     # A reconciler is a Temporal Schedule made or removed, like a schedule.

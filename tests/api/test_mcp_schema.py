@@ -140,7 +140,7 @@ async def test_closed_sets_are_enums_and_bounds_are_in_the_schema(live_stack: St
     _, state = prop(tools["list_todos"], "state")
     assert state["enum"] == ["pending", "claimed", "done", "failed", "canceled"]
     _, disposition = prop(tools["list_webhook_events"], "disposition")
-    assert disposition["enum"] == ["routed", "dropped", "repeat", "faulted"]
+    assert disposition["enum"] == ["routed", "dropped", "repeat", "faulted", "quarantined"]
     for name in ("claim", "claim_next", "heartbeat"):
         _, lease = prop(tools[name], "lease_seconds")
         assert (lease["minimum"], lease["maximum"]) == (1, MAX_LEASE_SECONDS), name
@@ -156,16 +156,17 @@ async def test_rules_and_actions_have_typed_schemas(live_stack: Stack) -> None:
     rule = resolve(schema, rules["items"])
     assert set(rule["properties"]) == {"id", "name", "expr", "action"}
     assert rule["required"] == ["expr", "action"] and rule["additionalProperties"] is False
-    queue, drop = branches(schema, rule["properties"]["action"])
+    queue, drop, quarantine = branches(schema, rule["properties"]["action"])
     assert set(queue["properties"]) == {"queue", "endpoints", "exclusive", "once", "work_order", "coalesce"}
     assert queue["required"] == ["queue"] and queue["additionalProperties"] is False
     assert set(drop["properties"]) == {"drop"} and drop["properties"]["drop"]["const"] is True
+    assert set(quarantine["properties"]) == {"quarantine"} and quarantine["properties"]["quarantine"]["const"] is True
     for name, field in (("add_webhook_rule", "rule"), ("update_webhook_rule", "rule")):
         schema, shape = prop(tools[name], field)
         assert {"id", "name", "expr", "action"} == set(shape["properties"]), name
     schema = tools["set_webhook_rules"].input_schema
     default = schema["properties"]["default_action"]
-    assert [b["required"] for b in branches(schema, default)] == [["queue"], ["drop"]]
+    assert [b["required"] for b in branches(schema, default)] == [["queue"], ["drop"], ["quarantine"]]
 
 
 async def test_schemas_advertise_without_replacing_the_routing_codes(live_stack: Stack) -> None:

@@ -70,8 +70,11 @@ async def test_hold_stores_a_faulted_event_mints_nothing_and_a_redelivery_stays_
     assert await decision_attribute(stack, wid, "held-1") == "faulted"
     await replay_and_keep(handle_for(stack, wid, "held-1"), "route_delivery_on_fault_hold.json")
 
-    # The owner switches back to continue; a redelivery still stays faulted (the dedup contract).
-    await owner.ok("set_webhook_rules", {"webhook_id": wid, "rules": [ERRORS, LANE], "on_fault": "continue"})
+    # The owner switches back to continue; a redelivery still stays faulted (the dedup contract). The rule errors
+    # on the stored event, so the save needs force (rule_faults_on_recent_events otherwise).
+    await owner.ok(
+        "set_webhook_rules", {"webhook_id": wid, "rules": [ERRORS, LANE], "on_fault": "continue", "force": True}
+    )
     again = await post_github(stack.http, webhook, issue_payload(), delivery="held-1")
     assert again.status_code == 202
     assert again.json() == {**body, "duplicate": True}
@@ -185,7 +188,8 @@ async def test_dry_run_and_backtest_apply_on_fault(stack: Stack) -> None:
 
     # One stored routed event, then one stored faulted event under a saved hold.
     routed = (await post_github(stack.http, webhook, sample, delivery="bt-1")).json()
-    await owner.ok("set_webhook_rules", {"webhook_id": wid, "rules": [ERRORS, LANE], "on_fault": "hold"})
+    # The erroring gate faults on that stored event: saved on purpose, with force.
+    await owner.ok("set_webhook_rules", {"webhook_id": wid, "rules": [ERRORS, LANE], "on_fault": "hold", "force": True})
     faulted = (await post_github(stack.http, webhook, labeled(8), delivery="bt-2")).json()
     assert routed["created"] == 1 and faulted["faulted"] is True
     dry = await owner.ok(

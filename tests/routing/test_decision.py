@@ -355,6 +355,9 @@ def test_work_order_shape_for_cairn_handoff() -> None:
         "trust_mode": "signed",
         "verified": True,
         "authorized_by": {"stage": "rule", "rule_id": "cairn-lane-m", "rule_name": "handoff pinned to lane:m"},
+        # No trust gate on this webhook, no release: both are null.
+        "author_trusted": None,
+        "released_by": None,
         "subject": {
             "type": "cairn_artifact",
             "id": "hx7Qm2",
@@ -378,6 +381,8 @@ def test_work_order_shape_for_cairn_handoff() -> None:
         "trust_mode",
         "verified",
         "authorized_by",
+        "author_trusted",
+        "released_by",
         "subject",
         "authority",
     ]

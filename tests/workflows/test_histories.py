@@ -65,6 +65,9 @@ PATHS = {
     "FireSchedule: another fire of the slot is routing it (joined)": "fire_schedule_joined.json",
     "FireSchedule: the schedule was deleted (gone)": "fire_schedule_gone.json",
     "RouteDelivery: a re-route of a stored event (reroute_webhook_event)": "route_delivery_reroute.json",
+    "RouteDelivery: the trust gate quarantines an untrusted sender (no rule evaluated)": "route_delivery_trust_gate.json",
+    "RouteDelivery: a rule quarantines": "route_delivery_quarantine.json",
+    "RouteDelivery: the release of a quarantined event (release_webhook_event)": "route_delivery_release.json",
     "RerouteEvents: the run that continues as new after per_run deliveries": "reroute_events_first_run.json",
     "RerouteEvents: the last run, one delivery pruned since the plan (missing)": "reroute_events.json",
     "RerouteEvents: the child RouteDelivery of one delivery": "reroute_events_child.json",
@@ -322,6 +325,62 @@ async def test_record_reroute_of_one_event(stack: Stack) -> None:
     handle = stack.temporal.get_workflow_handle(out["workflow_id"])
     assert await decision_attribute(handle) == "routed"
     await replay_and_keep(handle, PATHS["RouteDelivery: a re-route of a stored event (reroute_webhook_event)"])
+
+
+# The trust gate, quarantine and release ----------------------------------------------------------------------
+
+
+GATE = {"logins": ["maintainer"], "match": "both"}
+
+
+def _local_activities(history: Any) -> int:
+    return sum(
+        1
+        for e in history.events
+        if e.HasField("marker_recorded_event_attributes")
+        and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
+    )
+
+
+async def test_record_trust_gate(stack: Stack) -> None:
+    agent = await stack.agent()
+    hook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work", "trusted_actors": GATE})
+    await agent.ok("set_webhook_rules", {"webhook_id": hook["webhook_id"], "rules": [ISSUES_RULE]})
+    # issue_payload's issue and sender are joestump's, whom the gate does not list.
+    held = await _deliver(stack, hook, "gate-1")
+    assert held["quarantined"] is True
+    path = PATHS["RouteDelivery: the trust gate quarantines an untrusted sender (no rule evaluated)"]
+    result = await _kept(stack, hook, "gate-1", path, "quarantined")
+    assert result.quarantined and result.quarantine_reason == "untrusted_actor" and result.created == 0
+    # load_grant and the commit only: no evaluation ran, on this worker or the evaluate queue.
+    history = await handle_for(stack, hook["webhook_id"], "gate-1").fetch_history()
+    assert _local_activities(history) == 2
+    assert not [e for e in history.events if e.HasField("activity_task_scheduled_event_attributes")]
+
+
+async def test_record_quarantine_by_a_rule(stack: Stack) -> None:
+    agent = await stack.agent()
+    hold = {"id": "hold", "expr": ".issue != null", "action": {"quarantine": True}}
+    hook = await _webhook(agent, [hold])
+    await _deliver(stack, hook, "hold-1")
+    result = await _kept(stack, hook, "hold-1", PATHS["RouteDelivery: a rule quarantines"], "quarantined")
+    assert result.quarantined and result.rule_id == "hold" and result.quarantine_reason == "rule_action"
+
+
+async def test_record_release(stack: Stack) -> None:
+    agent = await stack.agent()
+    hook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work", "trusted_actors": GATE})
+    released = {"id": "released", "expr": ".release != null", "action": {"queue": "work"}}
+    await agent.ok(
+        "set_webhook_rules",
+        {"webhook_id": hook["webhook_id"], "rules": [released], "default_action": {"drop": True}},
+    )
+    held = await _deliver(stack, hook, "release-1")
+    out = await agent.ok("release_webhook_event", {"event_id": held["event_id"], "wait_seconds": 30})
+    assert out["result"]["created"] == 1
+    handle = stack.temporal.get_workflow_handle(out["workflow_id"])
+    assert await decision_attribute(handle) == "routed"
+    await replay_and_keep(handle, PATHS["RouteDelivery: the release of a quarantined event (release_webhook_event)"])
 
 
 async def test_record_bulk_reroute_continued_as_new(stack: Stack) -> None:
