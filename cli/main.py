@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from cli import commands, completion, output
 from cli.client import ADMIN_TOKEN_ENV, TOKEN_ENV, URL_ENV, CliError, admin_token, api_url, call, owner_token
 from cli.tail import Tail
-from routing.models import EVENT_DISPOSITIONS
 from switchboard import resources
 
 if TYPE_CHECKING:
@@ -472,6 +471,16 @@ def client_options(parser: argparse.ArgumentParser, *, top: bool = False, export
         )
 
 
+def _choices(verb: str, name: str) -> list[str]:
+    """The choices of a verb command's argument, as the verb table describes them (cli/commands.json)."""
+    for command in commands.load()["commands"]:
+        if command["verb"] == verb:
+            for arg in command["args"]:
+                if arg["field"] == name:
+                    return list(arg["choices"])
+    raise LookupError(f"{verb} has no argument {name} with choices")
+
+
 def add_verb_commands(sub: Any) -> dict[str, Any]:
     """`switchboard GROUP ACTION` for every verb with a command in the verb table (read from cli/commands.json).
 
@@ -561,7 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     er.add_argument("event_id", nargs="?", default=None, help="reroute_webhook_event: this event")
     er.add_argument("--webhook", dest="webhook_id", default=None, help="reroute_webhook_events: this webhook's")
-    er.add_argument("--disposition", choices=list(EVENT_DISPOSITIONS), default=None)
+    er.add_argument("--disposition", choices=_choices("list_webhook_events", "disposition"), default=None)
     er.add_argument("--rule-id", default=None, help="the rule that decided the current outcome")
     er.add_argument("--kind", default=None)
     er.add_argument("--since", default=None, help="received at or after (ISO 8601)")

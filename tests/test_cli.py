@@ -160,10 +160,18 @@ def test_trust_gate_and_quarantine_commands_send_their_verbs_input(
         "set_webhook_rules",
         {"webhook_id": "wh_1", "rules": [], "default_action": {"quarantine": True}, "force": True},
     )
-    assert (
-        run_agent(monkeypatch, "rules", "install", "--webhook", "wh_1", "--pack", str(rules), "--force")[1]["force"]
-        is True
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    def agent(args: Any, verb: str, body: dict[str, Any]) -> dict[str, Any]:
+        sent.append((verb, body))
+        return {"webhooks": [{"webhook_id": "wh_1", "target_queue": "work"}], "ceiling": {"allowed_queues": ["work"]}}
+
+    monkeypatch.setattr(cli.main, "_agent", agent)
+    args = cli.main.build_parser().parse_args(
+        ["rules", "install", "--webhook", "wh_1", "--pack", str(rules), "--force", "--credential", "sbk_x"]
     )
+    assert args.fn(args) == 0
+    assert [verb for verb, _ in sent] == ["list_webhooks", "set_webhook_rules"] and sent[1][1]["force"] is True
 
 
 def test_every_agent_command_is_in_the_readme() -> None:
