@@ -251,6 +251,8 @@ def cmd_rules_install(args: argparse.Namespace) -> int:
     if "REPLACE-" in json.dumps(body.get("params")):
         # Placeholders match no real login, so the pack fails closed; say so rather than install silently.
         print("warning: params still hold REPLACE-… placeholders; the pack will fail closed", file=sys.stderr)
+    if args.force:
+        body["force"] = True
     _check_granted(args, args.pack, pack_queues(body), mappable=mappable)
     return _emit(args, _agent(args, "set_webhook_rules", {"webhook_id": args.webhook_id, **body}))
 
