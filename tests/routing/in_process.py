@@ -12,9 +12,9 @@ from typing import Any
 
 from routing.models import Evaluation, Fault
 from routing.rules import compile_failure
+from routing.sandbox.engine import RuleEngine
 from routing.sandbox.faults import rule_fault, rule_fields, sandbox_failure
 from routing.sandbox.protocol import encode_input
-from routing.sandbox_child import RuleEngine
 
 _ENGINE = RuleEngine()
 
