@@ -3,9 +3,9 @@
 Run as ``python -I -B routing/sandbox/child_main.py <memory_limit> <hard_deadline> <shared_fd>`` with an empty
 environment (``shared_fd``: the memfd holding the progress slot and the body slot, see protocol.py). It evaluates
 with :class:`~routing.sandbox.engine.RuleEngine` and imports nothing else but the standard library, ``jq``, and
-the stdlib-only modules the engine and the wire format need (routing/jq_policy.py, routing/sandbox/protocol.py),
-all three loaded by path, so a freshly executed child stays small enough for an address-space cap to bound libjq
-(which aborts the process on allocation failure).
+the modules the engine and the wire format need (routing/jq_policy.py, routing/sandbox/jq_bytes.py,
+routing/sandbox/protocol.py), all loaded by path, so a freshly executed child stays small enough for an
+address-space cap to bound libjq (which aborts the process on allocation failure).
 
 The protocol (requests, replies, the progress slot) is described in routing/sandbox/protocol.py. Before
 each rule the child writes its index and start time, in wall-clock and in its own CPU time (read afresh
@@ -36,8 +36,8 @@ else:
     # Run as a script under "python -I": the script's folder is not on sys.path. Importing the project's packages
     # (where an installed copy makes them importable) would run routing/sandbox/__init__.py and load the parent's
     # side with it, far more than an address-space cap leaves libjq. The child's "routing" and "routing.sandbox"
-    # are empty packages holding only the three modules it needs (the engine, the jq policy, the wire format:
-    # standard library and jq only), each loaded by path under its own name.
+    # are empty packages holding only the four modules it needs (the engine, the jq policy, how jq.py gets the
+    # input, the wire format: standard library and jq only), each loaded by path under its own name.
     import importlib.util
     from types import ModuleType
 
@@ -62,6 +62,7 @@ else:
     _routing = _package("routing")
     _routing.sandbox = _package("routing.sandbox")
     _load(_routing, "jq_policy", _here.parent / "jq_policy.py")
+    _load(_routing.sandbox, "jq_bytes", _here / "jq_bytes.py")
     protocol = _load(_routing.sandbox, "protocol", _here / "protocol.py")
     RuleEngine = _load(_routing.sandbox, "engine", _here / "engine.py").RuleEngine
 

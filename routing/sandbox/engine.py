@@ -5,9 +5,9 @@ once per event, not once per rule, and evaluates it lazily, one rule at a time, 
 killed during) exactly one rule. The child process (routing/sandbox/child_main.py) runs it under its clocks and
 caps; tests and benches run it in their own process, where nothing bounds it.
 
-This module imports nothing but the standard library, ``jq`` and the stdlib-only jq policy
-(routing/jq_policy.py), so a freshly executed child stays small enough for an address-space cap to bound libjq
-(which aborts the process on allocation failure). libjq is used through jq.py's public API only.
+This module imports nothing but the standard library, ``jq``, the stdlib-only jq policy (routing/jq_policy.py)
+and routing/sandbox/jq_bytes.py (how the input reaches jq.py undecoded), so a freshly executed child stays small
+enough for an address-space cap to bound libjq (which aborts the process on allocation failure).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any, Final, Literal
 import jq
 
 from routing import jq_policy
+from routing.sandbox.jq_bytes import as_text
 
 # The combined program's first output, emitted once libjq has parsed the input and before any rule runs.
 PARSED: Final = "parsed"
@@ -81,7 +82,7 @@ def _combined(exprs: list[tuple[int, str]]) -> str:
 
 def program_input(body: bytes | memoryview, position: int) -> str:
     """libjq's input for a run from rule ``position``: the ``[params, envelope]`` body with the start appended."""
-    return f"{str(body[:-1], 'utf-8')},{position}]"
+    return as_text(b"".join((body[:-1], b",%d]" % position)))  # one copy, even from a memoryview of the body slot
 
 
 class _Plan:
@@ -195,7 +196,7 @@ class RuleEngine:
                     results = iter(plan.program.input_text(program_input(body, position)))
                     if next(results) != PARSED:
                         failure = "unexpected rule output"
-                except Exception as exc:  # the input is not UTF-8 JSON: charged to no rule's clock
+                except Exception as exc:  # the input itself did not parse: charged to no rule's clock
                     failure = short_detail(str(exc))
                 if parsed is not None:
                     parsed(position)
