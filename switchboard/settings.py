@@ -78,10 +78,10 @@ class Settings(BaseSettings):
     ingest_rate_per_second: float = 10.0
     ingest_rate_burst: int = 20
     # Todo and read verbs, per endpoint and API process: they bound a runaway client, they never pace a fleet.
-    # A fleet at the store's own pace needs up to 2 calls per todo (bare claims: ~1,700/s on 2 cores, so up to
-    # ~3,400 calls/s; claim_next {max} needs ~1.1). 2000/s sits above what one API process serves on such a
-    # host, so only a client far past any fleet meets it; concurrency, what the store feels, is bounded apart
-    # from rate by the pool (db_pool_max statements in flight per process, 503 after db_pool_timeout).
+    # A fleet at the store's own pace needs up to 2 calls per todo (claim_next {max} about 1.1). The default sits
+    # above what one API process serves on a small host, so only a client far past any fleet meets it;
+    # concurrency, what the store feels, is bounded apart from rate by the pool (db_pool_max statements in flight
+    # per process, 503 after db_pool_timeout).
     agent_rate_per_second: float = 2000.0
     agent_rate_burst: int = 4000
     # Rule, route, collector and dry-run/backtest verbs, per endpoint: an owner saving in a row is not churn.
