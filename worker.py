@@ -25,7 +25,7 @@ from runtime.relay import running_relay
 from runtime.root import Stores, build_stores, llm_ceilings, worker_resources
 from runtime.schedules import ensure_schedules
 from store.db import Pool
-from switchboard.metrics import listening
+from switchboard.metrics_listener import listening
 from switchboard.settings import Settings
 from workflows.reroute import RerouteEvents
 from workflows.route_delivery import RouteDelivery, evaluate_task_queue

@@ -119,6 +119,9 @@ class Settings(BaseSettings):
     # A worker process's metrics listener (GET any path on SWITCHBOARD_HTTP_HOST:port); 0 = none. API processes
     # serve /metrics on their HTTP port, and an API-hosted worker shares it.
     worker_metrics_port: int = Field(default=0, ge=0, le=65535)
+    # The Temporal SDK's own metrics (its exporter, GET /metrics on SWITCHBOARD_HTTP_HOST:port), in every process
+    # that connects to Temporal; 0 = not exported. One port per process: processes sharing a host need their own.
+    temporal_metrics_port: int = Field(default=0, ge=0, le=65535)
 
     @field_validator(
         "temporal_tls_ca_file",
