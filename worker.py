@@ -27,7 +27,7 @@ from runtime.relay import running_relay
 from runtime.root import Stores, build_stores, llm_ceilings, worker_resources
 from runtime.schedules import ensure_schedules
 from store.db import Pool
-from switchboard.metrics import listening
+from switchboard.metrics_listener import listening
 from switchboard.settings import Settings
 from workflows.reconcile import ReconcileWebhook
 from workflows.reroute import RerouteEvents
@@ -41,7 +41,7 @@ WORKFLOWS: list[type] = [RouteDelivery, ReapTodos, PruneRetention, FireSchedule,
 
 LIVENESS_FILE = "worker.alive"
 LIVENESS_PERIOD = 10.0
-# A full garbage collection this often (see _collecting): about 1 ms of CPU each time.
+# A full garbage collection this often (see _collecting), over what the worker made since it started.
 GC_PERIOD = 30.0
 
 
@@ -185,9 +185,8 @@ async def _collecting(period: float) -> AsyncIterator[None]:
     """A full garbage collection every ``period`` seconds while the block runs, over what the worker made since it
     started: the objects alive at its start (modules, settings, pools) are frozen out of every pass."""
     # Each finished workflow run leaves reference cycles (its instance, decoded input, activity results). With a
-    # heap this size the collector's own full passes are rare, so that garbage piled up for thousands of
-    # deliveries (RSS +4.4 MiB over the second half of 10,000 in bench/ingest.py --rss). Frozen, the start-up
-    # heap is not scanned again: a pass costs about 1 ms instead of about 56 ms (measured on the worker's imports).
+    # heap this size the collector's own full passes are rare, so that garbage would pile up over thousands of
+    # deliveries. Frozen, the start-up heap (modules, settings, pools) is not scanned again, so each pass stays small.
     gc.collect()
     gc.freeze()
 

@@ -1,14 +1,14 @@
 """Bearer credentials resolved once per process, for as long as the doorbell listener proves it hears revocations.
 
-Every agent call used to spend a round trip resolving its credential (the claims profile's largest item after
-the pool's own check). An endpoint's scope is immutable, so the only thing that can make a resolved credential
-wrong is a revocation, and a revocation already NOTIFYs `switchboard_revoked` on commit (store/identity.py),
-which this process's doorbell listener relays to `DoorbellHub.revoke` (api/doorbell.py). The cache is one more
-watcher of that hub: a revocation drops the endpoint's entries, and the listener's liveness round trip
-re-checks every cached endpoint the way it re-checks open streams.
+Resolving a credential costs an agent call a database round trip; this cache spares it. An endpoint's scope is
+immutable, so the only thing that can make a resolved credential wrong is a revocation, and a revocation already
+NOTIFYs `switchboard_revoked` on commit (store/identity.py), which this process's doorbell listener relays to
+`DoorbellHub.revoke` (api/doorbell.py). The cache is one more watcher of that hub: a revocation drops the
+endpoint's entries, and the listener's liveness round trip re-checks every cached endpoint the way it re-checks
+open streams.
 
 The cache is only trusted while the listener is proven to hear: it is bypassed (every call resolves in the
-database, as before) while the listener is not listening, and an entry made under an earlier LISTEN connection
+database) while the listener is not listening, and an entry made under an earlier LISTEN connection
 is never used after a reconnect (revocations during the gap were not heard). An entry is stored only if no
 revocation landed in this process and the connection did not change while its lookup was in flight, so a
 lookup that read the endpoint just before its revoke cannot outlive the NOTIFY. A revoke made through this

@@ -103,7 +103,7 @@ class _AddressGate:
     responses={401: {}, 404: {}, 413: {}, 429: {}, 503: {}},
 )
 async def ingest(ingest_token: str, request: Request, svc: ServicesDep) -> Response:
-    # One dependency, not one per service: each one FastAPI solves costs this hot path about 20 us (measured).
+    # One dependency, not one per service: FastAPI solves every dependency of this hot path on every request.
     started = time.perf_counter()
     status = 500  # an exception escaping the handler is answered 500 by the error handlers
     try:

@@ -1,4 +1,4 @@
-"""GET /metrics: the process registry (switchboard/metrics.py) plus this app's database gauges."""
+"""GET /metrics: the process registry (switchboard/metrics.py) plus this app's database gauges (metrics_database.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from api.deps import Services, services
-from switchboard.metrics import DatabaseGauges, DatabaseSnapshot
+from switchboard.metrics_database import DatabaseGauges, DatabaseSnapshot
 
 router = APIRouter(tags=["health"])
 

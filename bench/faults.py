@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._faults import FULL, SCENARIOS, Outcome, fault_stack
+from tests.faults import FULL, SCENARIOS, Outcome, fault_stack
 
 
 def main() -> None:

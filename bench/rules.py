@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._stack import dev_stack, drive
 from routing.models import Evaluation
 from routing.sandbox import SandboxPool, encode_input
-from routing.sandbox.child import cpu_clock_id
+from routing.sandbox.engine import RuleEngine, program_input
+from routing.sandbox.handle import cpu_clock_id
 from routing.sandbox.protocol import BODY_SLOT, encode_exprs, evaluate_request
-from routing.sandbox_child import RuleEngine, program_input
 from tests.routing.in_process import evaluate_in_process
 from tests.signing import sign_github
 
@@ -383,12 +383,13 @@ class PipeEcho:
 
 
 # A child running the sandbox's combined program and nothing else: the body read from shared memory and handed to
-# libjq as bytes, as a sandbox child does, but no protocol, no clocks, no budgets, no hardening. What any evaluation
+# libjq through the engine's program_input, as a sandbox child does, but no protocol, no clocks, no budgets, no
+# hardening. What any evaluation
 # in another process costs on this machine (the wake-ups, caches that went cold while it waited), besides the work.
 _JQ_CHILD = """
 import json, mmap, os, sys
 sys.path.insert(0, sys.argv[1])
-from routing.sandbox_child import RuleEngine, program_input
+from routing.sandbox.engine import RuleEngine, program_input
 program = RuleEngine().prepare(json.loads(sys.argv[2])).program
 body = mmap.mmap(int(sys.argv[3]), int(sys.argv[4]), access=mmap.ACCESS_READ)
 os.write(1, b"ready\\n")
@@ -438,7 +439,7 @@ async def main() -> None:
 
     # Pre-serialized once, as the child receives it (its combined program's input carries the start position).
     encoded = encode_input(PARAMS, envelope)
-    floor_text = program_input(encoded, 0)  # handed to libjq as these bytes, as the child hands its input
+    floor_text = program_input(encoded, 0)  # the text the child hands libjq
     program = RuleEngine().prepare([r["expr"] for r in RULES]).program
     assert combined_floor(program, floor_text) == 31
     pool = SandboxPool()

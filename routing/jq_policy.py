@@ -1,6 +1,6 @@
 """The one jq policy: which rule expressions may run, decided by one lexer for save time and the sandbox.
 
-Save-time validation (routing/rules.py) and the sandbox child (routing/sandbox_child.py) both call
+Save-time validation (routing/rules.py) and the sandbox child's engine (routing/sandbox/engine.py) both call
 :func:`verdict`, so a rule accepted at save is never refused at evaluation, and the reverse. This module
 imports nothing but the standard library: the child runs it with ``python -I`` and loads it by path.
 

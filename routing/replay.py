@@ -23,7 +23,7 @@ from routing.envelope import build_envelope, parse_payload
 from routing.headers import lower_headers, sanitize_headers
 from routing.models import TRUST_BY_SOURCE, Decision, EventDisposition, Grant
 from routing.router import Evaluate, evaluation_input, route
-from routing.rules import Candidate
+from routing.rules import Candidate, describe_rule
 from routing.sources import find_source
 from routing.trust import Release
 
@@ -482,12 +482,7 @@ def _found(check: RecentCheck, found: dict[int, RecentFault]) -> RecentCheck:
 def recent_faults_message(faults: Sequence[RecentFault], replayed: int) -> str:
     """The refusal naming the first faulting rule and up to five of its events (the others are counted)."""
     first = faults[0]
-    where = f"rule {first.rule_index}"
-    named = [f"id {json.dumps(first.rule_id, ensure_ascii=False)}"] if first.rule_id else []
-    if first.rule_name:
-        named.append(f"name {json.dumps(first.rule_name, ensure_ascii=False)}")
-    if named:
-        where += f" ({', '.join(named)})"
+    where = describe_rule(first.rule_index, first.rule_id or None, first.rule_name or None)
     more = f"; {len(faults) - 1} more rule(s) fault too" if len(faults) > 1 else ""
     return (
         f"{where}: {' and '.join(first.causes)} on {first.events} of the webhook's latest {replayed} stored events"

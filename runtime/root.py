@@ -45,8 +45,8 @@ from switchboard.metrics import sandbox_observer
 from switchboard.settings import Settings
 from switchboard.temporal import connect
 
-# Longer than a delivery's local wait used to be: a dry-run queued behind other callers' backtests (each event
-# at most the 250 ms budget) waits its turn rather than reporting sandbox_busy.
+# Long enough for a dry-run queued behind other callers' backtests (each event at most the 250 ms budget) to wait
+# its turn rather than report sandbox_busy.
 RULE_TEST_WAIT = 10.0
 
 

@@ -40,8 +40,8 @@ KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalive
 async def _check_connection(conn: AsyncConnection[DictRow]) -> None:
     """Raise if a pooled connection is known dead; a round trip only when its socket says something happened.
 
-    psycopg_pool's own check is an empty statement per checkout: on the claims path that was a third of the
-    statements sent (bench/claims.py profile). An idle connection's socket has nothing to read unless the
+    psycopg_pool's own check is an empty statement per checkout: a round trip on every claim, for a connection
+    that is almost always fine. An idle connection's socket has nothing to read unless the
     server spoke: a restart or pg_terminate_backend sends its FATAL and closes (readable, then EOF). Only then
     is the round trip made, and it fails the connection so the pool hands out a fresh one. A peer that
     vanished without a word is left to TCP keepalives (KEEPALIVES) and fails its statement, which discards it.

@@ -137,7 +137,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def _core_fields(entry: Any) -> dict[str, Any]:
-    """A forwarded Temporal core log entry's target and structured fields (switchboard/metrics.py forwards them)."""
+    """A forwarded Temporal core log entry's target and structured fields (switchboard/temporal_runtime.py forwards them)."""
     out: dict[str, Any] = {"core_target": getattr(entry, "target", None)}
     try:
         fields = entry.fields  # converted on every access: read once

@@ -104,10 +104,10 @@ class Settings(BaseSettings):
     ingest_rate_per_second: float = 10.0
     ingest_rate_burst: int = 20
     # Todo and read verbs, per endpoint and API process: they bound a runaway client, they never pace a fleet.
-    # A fleet at the store's own pace needs up to 2 calls per todo (bare claims: ~1,700/s on 2 cores, so up to
-    # ~3,400 calls/s; claim_next {max} needs ~1.1). 2000/s sits above what one API process serves on such a
-    # host, so only a client far past any fleet meets it; concurrency, what the store feels, is bounded apart
-    # from rate by the pool (db_pool_max statements in flight per process, 503 after db_pool_timeout).
+    # A fleet at the store's own pace needs up to 2 calls per todo (claim_next {max} about 1.1). The default sits
+    # above what one API process serves on a small host, so only a client far past any fleet meets it;
+    # concurrency, what the store feels, is bounded apart from rate by the pool (db_pool_max statements in flight
+    # per process, 503 after db_pool_timeout).
     agent_rate_per_second: float = 2000.0
     agent_rate_burst: int = 4000
     # Rule, route, collector and dry-run/backtest verbs, per endpoint: an owner saving in a row is not churn.
@@ -154,6 +154,9 @@ class Settings(BaseSettings):
     # A worker process's metrics listener (GET any path on SWITCHBOARD_HTTP_HOST:port); 0 = none. API processes
     # serve /metrics on their HTTP port, and an API-hosted worker shares it.
     worker_metrics_port: int = Field(default=0, ge=0, le=65535)
+    # The Temporal SDK's own metrics (its exporter, GET /metrics on SWITCHBOARD_HTTP_HOST:port), in every process
+    # that connects to Temporal; 0 = not exported. One port per process: processes sharing a host need their own.
+    temporal_metrics_port: int = Field(default=0, ge=0, le=65535)
 
     @field_validator(
         "temporal_tls_ca_file",

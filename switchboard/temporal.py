@@ -14,9 +14,9 @@ from temporalio.service import TLSConfig
 from switchboard import tracing
 from switchboard.codec import payload_codec
 from switchboard.logs import install_masking
-from switchboard.metrics import temporal_runtime
 from switchboard.request_ids import RequestIdInterceptor
 from switchboard.settings import Settings
+from switchboard.temporal_runtime import temporal_runtime
 
 
 async def connect(settings: Settings, address: str | None = None, *, lazy: bool = False) -> Client:
@@ -33,8 +33,8 @@ async def connect(settings: Settings, address: str | None = None, *, lazy: bool 
         namespace=settings.temporal_namespace,
         data_converter=data_converter(settings),
         lazy=lazy,
-        # The process's one Runtime: the SDK's metrics (this client's and its workers') join /metrics.
-        runtime=temporal_runtime(),
+        # The process's one Runtime: the SDK's metrics (this client's and its workers') on its own exporter.
+        runtime=temporal_runtime(settings),
         interceptors=[RequestIdInterceptor(), *tracing.interceptors()],
         **connect_security(settings),
     )

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 
 import api.app  # noqa: F401 - imports every module that defines a metric
 from activities.models import UpkeepInput
-from switchboard.metrics import DatabaseGauges, DatabaseSnapshot
+from switchboard.metrics_database import DatabaseGauges, DatabaseSnapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = (ROOT / "docker-compose.yml").read_text()
@@ -61,6 +61,21 @@ def test_worker_metrics_port_is_the_one_prometheus_scrapes() -> None:
     [port] = re.findall(r'SWITCHBOARD_WORKER_METRICS_PORT: "(\d+)"', COMPOSE)
     worker_job = SCRAPE[SCRAPE.index("job_name: switchboard-worker") :]
     assert f"port: {port}" in worker_job.split("job_name:")[1]
+
+
+def service(name: str) -> str:
+    """One service's block of docker-compose.yml (up to the next service or comment at its indentation)."""
+    start = COMPOSE.index(f"\n  {name}:\n") + 1
+    end = re.search(r"\n(?:  )?\S", COMPOSE[start + 1 :])
+    return COMPOSE[start : start + 1 + end.start()] if end else COMPOSE[start:]
+
+
+def test_the_temporal_sdk_metrics_port_is_the_one_prometheus_scrapes_on_api_and_worker() -> None:
+    [port] = re.findall(r'SWITCHBOARD_TEMPORAL_METRICS_PORT: "(\d+)"', COMPOSE)
+    job = SCRAPE[SCRAPE.index("job_name: switchboard-temporal-sdk") :].split("job_name:")[1]
+    assert 'names: ["api", "worker"]' in job and f"port: {port}" in job
+    for name in ("api", "worker"):
+        assert re.search(rf'\n    expose:\n(?:      - "\d+"\n)*      - "{port}"\n', service(name)), name
 
 
 def exported_families() -> set[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench._faults import SCENARIOS, SMALL, FaultStack, Outcome, fault_stack
+from tests.faults import SCENARIOS, SMALL, FaultStack, Outcome, fault_stack
 
 # Each scenario runs real processes through a fault and its recovery; the first also starts the module's stack.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -43,45 +43,43 @@ def assert_nothing_lost_or_doubled(out: Outcome) -> None:
     assert out.sent > 0 and out.accepted > 0, out.details()
     assert out.lost == 0, out.details()
     assert out.doubled == 0, out.details()
-    assert out.inbox_left in (None, 0), out.details()
+    assert out.inbox_left == 0, out.details()
     # Every event is one of the deliveries we sent, with its one todo.
     assert out.events == out.todos, out.details()
 
 
-def assert_no_503_while_postgres_is_up(stack: FaultStack, out: Outcome) -> None:
-    if stack.has_inbox():  # accept first: Temporal's trouble never reaches the producer
-        assert out.unavailable == 0, out.details()
+def assert_no_503_while_postgres_is_up(out: Outcome) -> None:
+    # Accept first: Temporal's trouble never reaches the producer (the inbox takes the delivery).
+    assert out.unavailable == 0, out.details()
 
 
 async def test_worker_sigkill_mid_delivery_under_load(faults: FaultStack) -> None:
     out = await run(faults, "worker")
     assert_nothing_lost_or_doubled(out)
-    assert_no_503_while_postgres_is_up(faults, out)
-    if faults.has_inbox():  # a commit retried after it committed reports its own first outcome
-        assert out.first_said_duplicate == 0, out.details()
+    assert_no_503_while_postgres_is_up(out)
+    # A commit retried after it committed reports its own first outcome.
+    assert out.first_said_duplicate == 0, out.details()
 
 
 async def test_temporal_stopped_under_load_then_restarted(faults: FaultStack) -> None:
     out = await run(faults, "temporal")
     assert_nothing_lost_or_doubled(out)
-    assert_no_503_while_postgres_is_up(faults, out)
-    if faults.has_inbox():  # accepted into the inbox while Temporal was down
-        assert out.pending > 0, out.details()
+    assert_no_503_while_postgres_is_up(out)
+    assert out.pending > 0, out.details()  # accepted into the inbox while Temporal was down
 
 
 async def test_postgres_stopped_under_load_then_restarted(faults: FaultStack) -> None:
     out = await run(faults, "postgres")
     assert_nothing_lost_or_doubled(out)
-    if faults.has_inbox():
-        # 503 only while PostgreSQL is down (nothing can verify then), never once it is back.
-        # psycopg_pool's reconnect backoff is flattened in store/db.py, so the pools refill within about a second.
-        assert not out.unavailable_outside_fault, f"503 after PostgreSQL was back: {out.details()}"
+    # 503 only while PostgreSQL is down (nothing can verify then), never once it is back: the pools' reconnect
+    # rounds are short (store/db.py RECONNECT_SECONDS), so they refill within about a second.
+    assert not out.unavailable_outside_fault, f"503 after PostgreSQL was back: {out.details()}"
 
 
 async def test_api_restarted_under_load(faults: FaultStack) -> None:
     out = await run(faults, "api")
     assert_nothing_lost_or_doubled(out)
-    assert_no_503_while_postgres_is_up(faults, out)
+    assert_no_503_while_postgres_is_up(out)
 
 
 async def test_duplicate_storm(faults: FaultStack) -> None:
@@ -89,22 +87,19 @@ async def test_duplicate_storm(faults: FaultStack) -> None:
     assert_nothing_lost_or_doubled(out)
     assert out.events == SMALL.storm_ids and out.todos == SMALL.storm_ids, out.details()
     assert out.accepted == SMALL.storm_ids * SMALL.storm_posts, out.details()
-    if faults.has_inbox():
-        # Exactly one answer per id says created: the call whose start made the run. (Should that call have
-        # answered `pending` instead, no answer can say created, and none may.)
-        for delivery, created in out.created_answers.items():
-            assert created == 1 or (created == 0 and delivery in out.pending_ids), out.details()
+    # Exactly one answer per id says created: the call whose start made the run. (Should that call have
+    # answered `pending` instead, no answer can say created, and none may.)
+    for delivery, created in out.created_answers.items():
+        assert created == 1 or (created == 0 and delivery in out.pending_ids), out.details()
 
 
 async def test_scale_out_two_apis_two_workers_one_of_each_killed(faults: FaultStack) -> None:
     out = await run(faults, "scaleout")
     assert_nothing_lost_or_doubled(out)
-    assert_no_503_while_postgres_is_up(faults, out)
-    assert out.rings is not None
-    if faults.has_shared_doorbell():
-        # One ring per todo across both API processes: none twice, and every todo rung on one of the streams.
-        assert out.ring_dups == 0, out.details()
-        assert out.rings == out.todos, out.details()
+    assert_no_503_while_postgres_is_up(out)
+    # One ring per todo across both API processes: none twice, and every todo rung on one of the streams.
+    assert out.ring_dups == 0, out.details()
+    assert out.rings == out.todos, out.details()
 
 
 async def test_api_down_while_github_sends_then_reconcile(faults: FaultStack) -> None:

@@ -138,3 +138,20 @@ def test_no_import_cycle_between_modules() -> None:
 def test_the_rules_cover_every_package() -> None:
     packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()} - {"tests", "bench", *DATA_PACKAGES}
     assert packages == set(BELOW) - {"worker"}
+
+
+def test_the_tests_never_import_the_benchmarks() -> None:
+    """bench/ may use the tests' helpers (the fault campaign in tests/faults/); the suite never depends on bench/."""
+    wrong = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            wrong += [
+                f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names if n.split(".")[0] == "bench"
+            ]
+    assert not wrong, "\n".join(wrong)

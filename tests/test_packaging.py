@@ -199,7 +199,7 @@ def test_installed_copy_imports_every_module_without_the_embedded_extra(installe
 
 
 def test_installed_sandbox_child_runs_from_the_installed_copy(installed: Installed) -> None:
-    # The child is started as a script by path (routing/sandbox_child.py next to the pool module); in a wheel
+    # The child is started as a script by path (routing/sandbox/child_main.py next to the pool module); in a wheel
     # install that path is inside site-packages.
     probe = (
         "import asyncio, json, routing.sandbox as s\n"

@@ -1,4 +1,4 @@
-"""A bulk re-route whose worker is killed mid-way: real processes (bench/_faults.py), each event re-routed once.
+"""A bulk re-route whose worker is killed mid-way: real processes (tests/faults/), each event re-routed once.
 
 `switchboard api` and `switchboard worker` run as their own OS processes against embedded PostgreSQL and the
 Temporal dev server; the worker hosts RerouteEvents and every RouteDelivery child. It is SIGKILLed twice while
@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench._faults import FaultStack, fault_stack, issue_body
+from tests.faults import FaultStack, fault_stack, issue_body
 from tests.signing import sign_github
 
 pytestmark = pytest.mark.slow

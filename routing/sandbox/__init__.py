@@ -13,10 +13,12 @@ does not depend on load. A jq rule cannot sleep or block (it has no I/O), so CPU
 Wall-clock bounds stay for a child that is descheduled or stopped: a rule gets at most 20 times its
 timeout of wall-clock time, and the hard deadline ends every request, whatever the CPU clock says.
 
-Modules: :mod:`~routing.sandbox.protocol` (the wire format both sides share, stdlib only),
-:mod:`~routing.sandbox.child` (one child's lifecycle and budgets, parent side), :mod:`~routing.sandbox.pool`
-(slots, warm children and the spare), :mod:`~routing.sandbox.faults` (how faults are named). The child's
-own code is routing/sandbox_child.py, run as a script; see docs/architecture.md "Sandbox".
+Modules, parent side: :mod:`~routing.sandbox.pool` (slots, warm children and the spare),
+:mod:`~routing.sandbox.handle` (the parent's handle on one child: its lifecycle and budgets),
+:mod:`~routing.sandbox.faults` (how faults are named). Child side: :mod:`~routing.sandbox.child_main` (the child
+process's main loop, run as a script: hardening, requests, the progress clock) and :mod:`~routing.sandbox.engine`
+(the rule engine it runs). Both: :mod:`~routing.sandbox.protocol` (the wire format, stdlib only). See
+docs/architecture.md "Sandbox".
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from typing import Any, Final
 
 from routing.models import Evaluation, Fault
 from routing.rules import COMPILE_LIMIT, CompileCheckUnavailable, compile_failure
-from routing.sandbox.child import SPAWN_TIMEOUT, Child
 from routing.sandbox.faults import rule_fault, rule_fields, sandbox_failure
+from routing.sandbox.handle import SPAWN_TIMEOUT, Child
 from routing.sandbox.protocol import (
     BODY_SLOT,
     check_request,
@@ -33,7 +33,7 @@ from routing.sandbox.protocol import (
 
 log = logging.getLogger(__name__)
 
-CHILD_SCRIPT: Final = Path(__file__).parent.parent / "sandbox_child.py"
+CHILD_SCRIPT: Final = Path(__file__).with_name("child_main.py")
 _WARM_LISTS: Final = 16  # recently evaluated rule lists a new child compiles before joining the pool
 _MAX_REPLACEMENTS: Final = 4  # children killed or lost for one delivery before the rest fails closed
 

@@ -1,4 +1,4 @@
-"""The sandbox's wire protocol: what the parent (routing/sandbox/) and the child (routing/sandbox_child.py) exchange.
+"""The sandbox's wire protocol: what the parent (handle.py, pool.py) and the child (child_main.py) exchange.
 
 This module imports nothing but the standard library: the child runs with ``python -I`` and loads it by
 path (as it loads routing/jq_policy.py), so both sides frame, read and lay out the same bytes.
@@ -9,9 +9,8 @@ path (as it loads routing/jq_policy.py), so both sides frame, read and lay out t
   ``[params, envelope]`` as compact UTF-8 JSON, handed to libjq as text so Python never parses the
   payload. A body of up to :data:`BODY_SLOT` bytes is not in the line at all: the parent copies it into the
   body slot of the shared memfd and the header says ``"len"`` (the field is then empty), which spares both
-  sides copying it through the pipe (the child's pipe read of a 26 KB line cost it some 40 us). The child
-  keys its compiled programs by the exprs field's bytes, so a list it has seen costs a
-  dictionary lookup, not a JSON decode. ``{"seq", "warm": [exprs, ...]}`` compiles lists ahead of need, and
+  sides copying it through the pipe. The child keys its compiled programs by the exprs field's bytes, so a
+  list it has seen costs a dictionary lookup, not a JSON decode. ``{"seq", "warm": [exprs, ...]}`` compiles lists ahead of need, and
   ``{"seq", "check": exprs}`` (save-time validation) compiles each expression alone; both are the header
   alone. A request is written with one write and read with one read (the child reads with a large buffer).
 * replies: lines starting with :data:`PREFIX`: ``[0, "ready"]`` once at start-up; per request one

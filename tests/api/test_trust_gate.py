@@ -427,7 +427,7 @@ async def test_a_save_is_refused_when_a_rule_times_out_on_a_stored_1mb_event_and
         assert resp.status_code == 422, resp.text
         error = resp.json()["error"]
         assert error["code"] == "rule_faults_on_recent_events"
-        assert error["message"].startswith('rule 0 (id "slow", name "counts the body"): timeout on 1 of')
+        assert error["message"].startswith('rule index 0 (id "slow", name "counts the body"): timeout on 1 of')
         assert big["event_id"] in error["message"] and small["event_id"] not in error["message"]
     rules = await agent.ok("list_webhook_rules", {"webhook_id": wid})
     assert rules["rules"] == [] and rules["forced"] is None

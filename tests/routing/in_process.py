@@ -1,7 +1,10 @@
-"""The sandbox's semantics with libjq in this process: the oracle tests compare the children against.
+"""The sandbox's rule engine run in this process, with no kill: a stand-in for the sandbox in unit tests.
 
-Never on a server: nothing here bounds libjq's memory or kills a runaway rule. bench/rules.py uses
-evaluate_in_process as its in-process baseline.
+For tests of other code (filters, rule packs, validation) that need an evaluation or a compile verdict without
+child processes, for the engine's own in-process tests, and as bench/rules.py's in-process baseline. It runs
+the code under test, so it is never the expected outcome of a sandbox test: those compare against
+tests/routing/jq_reference.py (libjq alone, rule by rule) or literal results. Never on a server: nothing here
+bounds libjq's memory or kills a runaway rule.
 """
 
 from __future__ import annotations
@@ -12,9 +15,9 @@ from typing import Any
 
 from routing.models import Evaluation, Fault
 from routing.rules import compile_failure
+from routing.sandbox.engine import RuleEngine
 from routing.sandbox.faults import rule_fault, rule_fields, sandbox_failure
 from routing.sandbox.protocol import encode_input
-from routing.sandbox_child import RuleEngine
 
 _ENGINE = RuleEngine()
 

@@ -22,8 +22,8 @@ from routing import jq_policy
 from routing.models import Evaluation
 from routing.rules import check_expression
 from routing.sandbox import SandboxPool
+from routing.sandbox.engine import RuleEngine, refusal
 from routing.sandbox.protocol import input_text
-from routing.sandbox_child import RuleEngine, refusal
 from tests.helpers import check_here
 
 FORBIDDEN = "forbidden_function"

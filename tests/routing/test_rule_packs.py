@@ -9,11 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import jq
 import pytest
 
 from routing.envelope import build_envelope, once_key
-from routing.models import Decision, EvaluateInput, Evaluation, Fault, Grant, Target
+from routing.models import Decision, EvaluateInput, Evaluation, Grant, Target
 from routing.router import Evaluate, evaluator
 from routing.router import route as route_with
 from routing.rules import RuleValidationError
@@ -21,6 +20,7 @@ from routing.rules import validate_rules as validate_rules_with
 from routing.workorder import WORK_ORDER_AUTHORITY
 from tests.helpers import compiled_here
 from tests.routing.in_process import evaluate_in_process
+from tests.routing.jq_reference import reference_evaluate
 
 
 def validate_rules(rules: Any, default: Any, params: Any, g: Grant) -> list[dict[str, Any]]:
@@ -36,21 +36,6 @@ README = (PACKS / "README.md").read_text()
 Evaluator = Callable[[list[dict[str, Any]], dict[str, Any] | None, dict[str, Any]], Evaluation]
 
 
-def evaluate_local(rules: list[dict[str, Any]], params: dict[str, Any] | None, envelope: dict[str, Any]) -> Evaluation:
-    """First-match-wins with $params bound; a rule that errors is a fault and does not match."""
-    faults: list[Fault] = []
-    for index, rule in enumerate(rules):
-        try:
-            program = jq.compile(rule["expr"], args={"params": params if params is not None else {}})
-            first = next(iter(program.input_value(envelope)), None)
-        except Exception as exc:
-            faults.append(Fault(rule_index=index, rule_id=rule.get("id"), cause="error", detail=str(exc)[:200]))
-            continue
-        if first is not None and first is not False:
-            return Evaluation(matched_index=index, faults=faults)
-    return Evaluation(faults=faults)
-
-
 def _sandbox_in_process() -> Evaluator | None:
     """The sandbox's in-process evaluator with generous budgets."""
 
@@ -60,7 +45,7 @@ def _sandbox_in_process() -> Evaluator | None:
     return run
 
 
-EVALUATORS: dict[str, Evaluator | None] = {"local": evaluate_local, "sandbox": _sandbox_in_process()}
+EVALUATORS: dict[str, Evaluator | None] = {"libjq": reference_evaluate, "sandbox": _sandbox_in_process()}
 
 
 @pytest.fixture(params=list(EVALUATORS))
@@ -714,8 +699,8 @@ async def test_pool_review_through_the_sandbox_child() -> None:
         await pool.close()
 
 
-async def test_fleet_fixtures_through_the_sandbox_child_match_in_process() -> None:
-    """Every fleet fixture decides identically in real sandbox children and in process."""
+async def test_fleet_fixtures_through_the_sandbox_child_match_libjq_rule_by_rule() -> None:
+    """Every fleet fixture decides identically in real sandbox children and with libjq alone, rule by rule."""
     from routing.sandbox import SandboxPool
 
     pool = SandboxPool(rule_timeout=5.0, event_budget=30.0, hard_deadline=60.0, acquire_timeout=30.0)
@@ -724,11 +709,7 @@ async def test_fleet_fixtures_through_the_sandbox_child_match_in_process() -> No
             envelope = build()
             grant = fleet_grant(source=envelope["source"])
             child = await route_with(grant, envelope, evaluator(pool))
-            local = await route_with(
-                grant,
-                envelope,
-                step_of(lambda r, p, e: evaluate_in_process(r, p, e, rule_timeout=5.0, event_budget=60.0)),
-            )
+            local = await route_with(grant, envelope, step_of(reference_evaluate))
             assert child.evaluation.faults == [], case
             assert child.evaluation.matched_index == local.evaluation.matched_index, case
             decision = child.decision

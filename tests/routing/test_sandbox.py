@@ -15,21 +15,13 @@ from typing import Any
 import jq
 import pytest
 
-from routing import sandbox_child
 from routing.models import Evaluation
-from routing.sandbox import ProtocolViolation, Reply, SandboxPool, encode_input, parse_reply
+from routing.sandbox import ProtocolViolation, Reply, SandboxPool, child_main, encode_input, jq_bytes, parse_reply
+from routing.sandbox.child_main import FD_LIMIT, _RulesClock
+from routing.sandbox.engine import PARSED, RuleEngine, _Plan, program_input, refusal
 from routing.sandbox.protocol import BODY_SLOT, CPU_REFRESH_NS, PARSING, PROGRESS
-from routing.sandbox_child import (
-    BYTES_INPUT,
-    FD_LIMIT,
-    PARSED,
-    RuleEngine,
-    _Plan,
-    _RulesClock,
-    program_input,
-    refusal,
-)
 from tests.routing.in_process import evaluate_in_process
+from tests.routing.jq_reference import decided, reference_evaluate
 
 ENVELOPE: dict[str, Any] = {
     "source": "github",
@@ -274,9 +266,11 @@ RULE_LISTS = [
 
 
 @pytest.mark.parametrize("rule_list", RULE_LISTS)
-async def test_sandbox_agrees_with_in_process_evaluation(pool: SandboxPool, rule_list: list[dict[str, Any]]) -> None:
+async def test_sandbox_agrees_with_libjq_rule_by_rule(pool: SandboxPool, rule_list: list[dict[str, Any]]) -> None:
     for params in (None, {"q": 1, "trusted_humans": ["a"]}):
-        assert await pool.evaluate(rule_list, params, ENVELOPE) == evaluate_in_process(rule_list, params, ENVELOPE)
+        expected = decided(reference_evaluate(rule_list, params, ENVELOPE))
+        assert decided(await pool.evaluate(rule_list, params, ENVELOPE)) == expected
+        assert decided(evaluate_in_process(rule_list, params, ENVELOPE)) == expected
 
 
 async def test_evaluation_is_deterministic(pool: SandboxPool) -> None:
@@ -326,19 +320,31 @@ def test_the_envelope_travels_as_compact_utf8_json() -> None:
     assert len(encode_input(None, BIG_ENVELOPE)) < 1.01 * 1024 * 1024
 
 
-def test_the_child_hands_libjq_its_input_bytes_without_decoding_them() -> None:
-    # The installed jq.py asks the input for its UTF-8 (input_text calls text.encode): the child answers with the
-    # body's bytes. Were that ever not so, BYTES_INPUT is False and the input is decoded as before.
-    assert BYTES_INPUT
+def test_jq_py_reads_the_input_through_encode_so_the_child_hands_it_the_body_s_bytes() -> None:
+    # The behaviour routing/sandbox/jq_bytes.py relies on, on the installed jq.py: input_text asks its argument
+    # for its UTF-8 through encode(), so the body's bytes reach libjq without a decode.
+    assert jq_bytes.BYTES_INPUT
     body = encode_input({"k": "é"}, {"t": "😀", "n": 2**64})
-    handed = program_input(memoryview(body), 2)
-    assert handed.encode() == body[:-1] + b",2]"
+    handed = program_input(memoryview(body), 2)  # from the shared body slot, as the child reads it
+    assert handed.encode() == b'[{"k":"\\u00e9"},{"t":"\xf0\x9f\x98\x80","n":18446744073709551616},2]'
     assert jq.compile(".").input_text(handed).first() == [{"k": "é"}, {"t": "😀", "n": 2**64}, 2]
     engine = RuleEngine()
     exprs: list[object] = ['$params.k == "é" and .t == "x"', '.t == "😀" and .n == 18446744073709551616']
     outcomes = list(engine.evaluate(engine.prepare(exprs), exprs, memoryview(body)))
     assert outcomes == [(0, "nomatch", None), (1, "match", None)]
     assert list(engine.evaluate(engine.prepare(exprs), exprs, body, 1)) == [(1, "match", None)]
+
+
+@pytest.mark.parametrize("undecoded", [True, False])
+def test_both_input_paths_read_a_body_alike(monkeypatch: pytest.MonkeyPatch, undecoded: bool) -> None:
+    # Were jq.py ever to stop reading through encode(), the body is decoded instead (the public path), with the
+    # same outcomes, down to bytes that are not UTF-8 (read as U+FFFD, as libjq reads them).
+    monkeypatch.setattr(jq_bytes, "BYTES_INPUT", undecoded)
+    body = encode_input(None, {"t": "😀", "n": 2**64})[:-2] + b',"bad":"a\xffb"}]'
+    assert isinstance(program_input(body, 0), jq_bytes.Utf8Text) is undecoded
+    engine = RuleEngine()
+    exprs: list[object] = ['.t == "x"', '.bad == "a\ufffdb" and .t == "😀" and .n == 18446744073709551616']
+    assert list(engine.evaluate(engine.prepare(exprs), exprs, body)) == [(0, "nomatch", None), (1, "match", None)]
 
 
 async def test_a_lone_surrogate_still_evaluates_as_the_replacement_character(pool: SandboxPool) -> None:
@@ -518,7 +524,7 @@ async def test_children_are_hardened_before_they_read_a_request(pool: SandboxPoo
 HARDENED_PROBE = r"""
 import os, subprocess, sys, threading
 sys.path.insert(0, sys.argv[1])
-from sandbox_child import harden
+from child_main import harden
 harden()
 results = {}
 for name, attempt in [
@@ -539,15 +545,41 @@ print(sorted(results.items()), flush=True)
 """
 
 
+def test_the_child_loads_only_its_engine_and_the_modules_the_engine_and_the_wire_format_need() -> None:
+    """Run as the pool runs it (by path, under -I), the child imports nothing of ours beyond its four modules."""
+    import subprocess
+
+    code = (
+        "import runpy, sys\n"
+        "import jq\n"  # and whatever libjq's binding brings along
+        "before = set(sys.modules)\n"
+        f"runpy.run_path({child_main.__file__!r}, run_name='sandbox_child')\n"  # not __main__: it does not serve
+        "new = set(sys.modules) - before\n"
+        "print(sorted(n for n in new if n.split('.')[0] not in sys.stdlib_module_names))\n"
+    )
+    done = subprocess.run([sys.executable, "-I", "-B", "-c", code], capture_output=True, text=True, env={})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(
+        [
+            "routing",
+            "routing.jq_policy",
+            "routing.sandbox",
+            "routing.sandbox.engine",
+            "routing.sandbox.jq_bytes",
+            "routing.sandbox.protocol",
+        ]
+    )
+
+
 def test_a_hardened_child_cannot_start_a_program_but_threads_still_work() -> None:
     import errno
     import subprocess
 
     if platform.machine() not in ("x86_64", "aarch64"):
         pytest.skip("the seccomp filter covers x86_64 and aarch64 only")
-    routing_dir = os.path.dirname(os.path.abspath(sandbox_child.__file__))
+    sandbox_dir = os.path.dirname(os.path.abspath(child_main.__file__))
     probe = subprocess.run(
-        [sys.executable, "-I", "-c", HARDENED_PROBE, routing_dir],
+        [sys.executable, "-I", "-c", HARDENED_PROBE, sandbox_dir],
         stdout=subprocess.PIPE,  # a pipe: the probe may write no regular file (RLIMIT_FSIZE is 0)
         env={},
         timeout=60,
@@ -719,7 +751,7 @@ async def test_a_child_stopped_for_good_is_ended_by_the_hard_deadline() -> None:
 async def test_without_a_readable_cpu_clock_rules_are_timed_on_the_wall_clock(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("routing.sandbox.child.cpu_clock_id", lambda pid: 12345)  # no such clock: EINVAL
+    monkeypatch.setattr("routing.sandbox.handle.cpu_clock_id", lambda pid: 12345)  # no such clock: EINVAL
     sandbox = SandboxPool()
     try:
         assert await sandbox.evaluate(rules(CLOSED), None, BIG_ENVELOPE) == Evaluation(matched_index=0)

@@ -1,6 +1,6 @@
-"""One sandbox child process, seen from the parent: start-up, one request at a time, budgets, kill and reap.
+"""The parent's handle on one sandbox child process: start-up, one request at a time, budgets, kill and reap.
 
-The child is the same interpreter re-executed as ``python -I -B routing/sandbox_child.py`` with an empty
+The child is the same interpreter re-executed as ``python -I -B routing/sandbox/child_main.py`` with an empty
 environment, stderr discarded and a memfd for the progress slot (routing/sandbox/protocol.py). Its stdin
 and stdout are plain non-blocking pipes the parent drives itself (a request is one write, a reply is read
 by a reader callback on the event loop, with no transport or extra loop turn in between); asyncio's
