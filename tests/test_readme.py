@@ -1,4 +1,4 @@
-"""The README stays true: its settings table is Settings, name for name and default for default."""
+"""The settings reference stays true: its table is Settings, name for name and default for default."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from typing import Any
 
 from switchboard.settings import Settings
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+SETTINGS_DOC = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
 PREFIX = "SWITCHBOARD_"
 HEADER = "| setting | default | meaning |"
 
 
 def settings_rows() -> list[tuple[list[str], str]]:
-    """(env names, default cell) of each row of the README's settings table."""
-    lines = README.read_text().splitlines()
+    """(env names, default cell) of each row of the settings table."""
+    lines = SETTINGS_DOC.read_text().splitlines()
     start = lines.index(HEADER)
     rows = []
     for line in lines[start + 2 :]:
@@ -51,8 +51,8 @@ def test_every_setting_is_in_the_readme_table_and_nothing_else_is() -> None:
     assert all(name.startswith(PREFIX) for name in table), table  # full names only: greppable, unambiguous
     assert len(table) == len(set(table)), "a setting listed twice"
     fields = env_names()
-    assert sorted(set(fields) - set(table)) == [], "settings missing from the README table"
-    assert sorted(set(table) - set(fields)) == [], "README names settings that do not exist"
+    assert sorted(set(fields) - set(table)) == [], "settings missing from the table in docs/settings.md"
+    assert sorted(set(table) - set(fields)) == [], "docs/settings.md names settings that do not exist"
 
 
 def test_readme_defaults_match_settings() -> None:
@@ -66,6 +66,6 @@ def test_readme_defaults_match_settings() -> None:
         for name, value in zip(names, values, strict=True):
             default = fields[name]
             assert default is not None, name
-            assert value == shown(default), f"{name}: README says {value}, Settings says {default!r}"
+            assert value == shown(default), f"{name}: docs/settings.md says {value}, Settings says {default!r}"
             checked += 1
     assert checked >= 30  # the check must not pass by skipping every row

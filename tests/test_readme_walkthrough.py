@@ -47,8 +47,9 @@ def healthy(port: int) -> bool:
         return False
 
 
-def test_the_block_is_found_by_its_marker() -> None:
+def test_the_block_is_found_by_its_marker_and_the_docs_show_the_same() -> None:
     block = walkthrough((ROOT / "README.md").read_text())
+    assert walkthrough((ROOT / "docs" / "getting-started.md").read_text()) == block
     assert "switchboard send github" in block and "--export" in block
     assert "curl" not in block and "sbk_…" not in block  # nothing to copy by hand
 

@@ -1,4 +1,4 @@
-"""MCP tools a model can use well: described parameters, enums, bounds, typed rules, annotations; the README client."""
+"""MCP tools a model can use well: described parameters, enums, bounds, typed rules, annotations; the documented client."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tests.api.test_mcp import error_of, mcp_session, structured
 from tests.conftest import Stack
 from tests.helpers import eventually
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 
 READ_ONLY = {
     "whoami",
@@ -224,8 +224,8 @@ async def test_annotations_and_titles_come_from_the_registry(live_stack: Stack) 
 
 
 def readme_client() -> str:
-    """The README's MCP client example, verbatim."""
-    text = README.read_text()
+    """The API reference's MCP client example, verbatim."""
+    text = API_DOC.read_text()
     marker = text.index("<!-- example: mcp-doorbell-client -->")
     found = re.compile(r"```python\n(.*?)```", re.S).search(text, marker)
     assert found is not None
@@ -238,7 +238,7 @@ async def test_the_readme_client_receives_a_doorbell_and_completes_the_todo(
     agent = await live_stack.agent()
     hook = await github_hook(agent)
     example: dict[str, Any] = {"__name__": "readme_example"}
-    exec(compile(readme_client(), "README.md#mcp-doorbell-client", "exec"), example)
+    exec(compile(readme_client(), "docs/api.md#mcp-doorbell-client", "exec"), example)
     handled: list[dict[str, Any]] = []
 
     async def handle(todo: dict[str, Any]) -> Any:
