@@ -26,8 +26,6 @@ from urllib.parse import urlsplit
 URL_ENV = "SWITCHBOARD_URL"
 ADMIN_TOKEN_ENV = "SWITCHBOARD_ADMIN_TOKEN"  # noqa: S105
 TOKEN_ENV = "SWITCHBOARD_TOKEN"  # noqa: S105
-LEGACY_TOKEN_ENV = "SWITCHBOARD_CREDENTIAL"  # noqa: S105
-"""The owner credential's earlier variable, still read after SWITCHBOARD_TOKEN."""
 HOST_ENV = "SWITCHBOARD_HTTP_HOST"
 PORT_ENV = "SWITCHBOARD_HTTP_PORT"
 HOME_ENV = "SWITCHBOARD_HOME"
@@ -97,9 +95,9 @@ def admin_token(given: str | None, env: Mapping[str, str] | None = None) -> str:
 
 
 def owner_token(given: str | None, env: Mapping[str, str] | None = None) -> str:
-    """`--token`, else $SWITCHBOARD_TOKEN (else the older $SWITCHBOARD_CREDENTIAL)."""
+    """`--token`, else $SWITCHBOARD_TOKEN."""
     env = _env(env)
-    token = given or env.get(TOKEN_ENV) or env.get(LEGACY_TOKEN_ENV)
+    token = given or env.get(TOKEN_ENV)
     if token:
         return token
     raise CliError(

@@ -445,7 +445,6 @@ def client_options(parser: argparse.ArgumentParser, *, top: bool = False, export
     )
     group.add_argument(
         "--token",
-        "--credential",
         dest="token",
         default=default,
         help=f"endpoint credential sbk_… for owner commands (default: ${TOKEN_ENV})",

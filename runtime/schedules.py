@@ -14,7 +14,6 @@ from temporalio.client import (
     ScheduleOverlapPolicy,
     SchedulePolicy,
     ScheduleSpec,
-    ScheduleUpdate,
 )
 
 from activities.models import UpkeepInput
@@ -52,16 +51,13 @@ async def ensure_schedules(client: Client, task_queue: str) -> None:
             await client.create_schedule(schedule_id, schedule)
             log.info("created schedule %s", schedule_id)
         except ScheduleAlreadyRunningError:
-            if schedule_id == ids["ReapTodos"]:
-                await _upgrade_reaper(client, schedule_id, schedule)
+            pass
 
 
 # Lease reaper and due retries: one run an hour that reaps every 30 s (ReapTodos loops on durable timers),
 # so reaps keep their 30 s pace while the workflow list gains 24 runs a day instead of 2,880.
 REAP_EVERY = timedelta(seconds=30)
 REAPER_RUN_EVERY = timedelta(hours=1)
-# The one-reap-per-run schedule earlier releases created; ensure_schedules moves exactly that one over.
-LEGACY_REAPER_EVERY = timedelta(seconds=30)
 
 
 def reaper_schedule(schedule_id: str, task_queue: str) -> Schedule:
@@ -76,13 +72,3 @@ def reaper_schedule(schedule_id: str, task_queue: str) -> Schedule:
         # missed while the server was down is taken when it is back, within the hour.
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.BUFFER_ONE, catchup_window=REAPER_RUN_EVERY),
     )
-
-
-async def _upgrade_reaper(client: Client, schedule_id: str, schedule: Schedule) -> None:
-    """Move an earlier release's every-30-s reaper schedule to the hourly looping one; any other is left alone."""
-    handle = client.get_schedule_handle(schedule_id)
-    desc = await handle.describe()
-    if [i.every for i in desc.schedule.spec.intervals] != [LEGACY_REAPER_EVERY]:
-        return
-    await handle.update(lambda _: ScheduleUpdate(schedule=schedule))
-    log.info("moved schedule %s to hourly runs that reap every %s s", schedule_id, REAP_EVERY.total_seconds())

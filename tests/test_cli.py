@@ -91,7 +91,7 @@ def run_agent(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[str, dict[st
         return {}
 
     monkeypatch.setattr(cli.main, "_agent", agent)
-    args = cli.main.build_parser().parse_args([*argv, "--credential", "sbk_x"])
+    args = cli.main.build_parser().parse_args([*argv, "--token", "sbk_x"])
     assert args.fn(args) == 0
     [(verb, body)] = sent
     REGISTRY[verb].input.model_validate(body)  # what the command sends is the verb's input
@@ -169,7 +169,7 @@ def test_trust_gate_and_quarantine_commands_send_their_verbs_input(
 
     monkeypatch.setattr(cli.main, "_agent", agent)
     args = cli.main.build_parser().parse_args(
-        ["rules", "install", "--webhook", "wh_1", "--pack", str(rules), "--force", "--credential", "sbk_x"]
+        ["rules", "install", "--webhook", "wh_1", "--pack", str(rules), "--force", "--token", "sbk_x"]
     )
     assert args.fn(args) == 0
     assert [verb for verb, _ in sent] == ["list_webhooks", "set_webhook_rules"] and sent[1][1]["force"] is True
@@ -250,7 +250,6 @@ def test_global_options_go_before_or_after_the_command() -> None:
     after = parser.parse_args(["todos", "list", "--json", "--token", "sbk_a", "--url", "http://h:1"])
     for args in (before, after):
         assert (args.output, args.token, args.url, args.admin_token) == ("json", "sbk_a", "http://h:1", None)
-    assert parser.parse_args(["todos", "list", "--credential", "sbk_b"]).token == "sbk_b"  # the older name
     assert parser.parse_args(["human", "list"]).output is None
 
 

@@ -241,7 +241,7 @@ def test_installed_rules_install_loads_a_shipped_pack(installed: Installed) -> N
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
-    args = ("--webhook", "wh_x", "--credential", "sbk_x", "--url", url)
+    args = ("--webhook", "wh_x", "--token", "sbk_x", "--url", url)
     out = installed.run("switchboard", "rules", "install", "--pack", "pool-review", *args)
     assert out.returncode == 2 and f"cannot reach {url}" in out.stderr, out.stderr
     missing = installed.run("switchboard", "rules", "install", "--pack", "no-such-pack.json", *args)

@@ -307,7 +307,7 @@ async def test_the_cli_wraps_the_reroute_and_todo_verbs(live_stack: Stack, capsy
     webhook, dropped, _ = await _mixed(stack, agent)
 
     async def run(*argv: str) -> tuple[int, Any]:
-        args = build_parser().parse_args([*argv, "--credential", agent.credential, "--url", stack.base_url])
+        args = build_parser().parse_args([*argv, "--token", agent.credential, "--url", stack.base_url])
         capsys.readouterr()
         code = await asyncio.to_thread(args.fn, args)
         printed = capsys.readouterr().out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -11,14 +10,8 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from temporalio.client import (
     Client,
-    Schedule,
     ScheduleActionStartWorkflow,
-    ScheduleIntervalSpec,
     ScheduleOverlapPolicy,
-    SchedulePolicy,
-    ScheduleSpec,
-    ScheduleState,
-    ScheduleUpdate,
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
@@ -234,39 +227,3 @@ async def test_a_looping_reaper_run_reaps_every_round_and_replays(stack: Stack) 
     assert len(reaps) == 4
     replayer = Replayer(workflows=[ReapTodos], data_converter=pydantic_data_converter)
     await replayer.replay_workflow(history)
-
-
-async def test_an_earlier_releases_30s_reaper_schedule_is_moved_to_the_looping_one(
-    tmp_path: Path, database_url: str, temporal_env: WorkflowEnvironment
-) -> None:
-    client = temporal_env.client
-    task_queue = f"tq-{uuid.uuid4().hex[:10]}"
-    ids = schedule_ids(task_queue)
-    legacy = Schedule(
-        action=ScheduleActionStartWorkflow(
-            "ReapTodos", UpkeepInput(), id=f"{ids['ReapTodos']}-run", task_queue=task_queue
-        ),
-        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(seconds=30))]),
-        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=timedelta(minutes=1)),
-        state=ScheduleState(paused=True),
-    )
-    try:
-        await client.create_schedule(ids["ReapTodos"], legacy)
-        await ensure_schedules(client, task_queue)
-        desc = await client.get_schedule_handle(ids["ReapTodos"]).describe()
-        assert [i.every for i in desc.schedule.spec.intervals] == [timedelta(hours=1)]
-        assert desc.schedule.policy.overlap == ScheduleOverlapPolicy.BUFFER_ONE
-        # An operator's own interval is left as configured.
-        await client.get_schedule_handle(ids["ReapTodos"]).update(
-            lambda update: ScheduleUpdate(
-                schedule=dataclasses.replace(
-                    update.description.schedule,
-                    spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(minutes=5))]),
-                )
-            )
-        )
-        await ensure_schedules(client, task_queue)
-        desc = await client.get_schedule_handle(ids["ReapTodos"]).describe()
-        assert [i.every for i in desc.schedule.spec.intervals] == [timedelta(minutes=5)]
-    finally:
-        await _delete_schedules(client, task_queue)
