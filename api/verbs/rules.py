@@ -57,7 +57,7 @@ class WebhookInput(VerbInput):
 class SaveInput(WebhookInput):
     """A rule verb that saves: the rules are replayed over the webhook's latest stored events first."""
 
-    force: bool = Field(default=False, description=_FORCE_DOC)
+    force: StrictBool = Field(default=False, description=_FORCE_DOC)
 
 
 class GrantTargetOut(BaseModel):
@@ -146,7 +146,7 @@ class DryRunInput(CandidateInput):
     headers: dict[str, str] | None = Field(default=None, description="the sample's request headers")
     event_id: str | None = Field(default=None, min_length=1, max_length=128, description="an event of this webhook")
     omit_envelope: StrictBool = Field(default=False, description="leave the evaluated envelope out of the answer")
-    released: bool = Field(
+    released: StrictBool = Field(
         default=False,
         description="try it as a release by you now (.release set): past the trust gate, as release_webhook_event routes",
     )

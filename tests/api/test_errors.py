@@ -34,6 +34,7 @@ CONTRACT = {
     "too_many_rules": 422,
     "invalid_params": 422,
     "uncompilable": 422,
+    "rule_faults_on_recent_events": 422,
     "rate_limited": 429,
     "internal": 500,
     "llm_error": 502,
