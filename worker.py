@@ -91,7 +91,7 @@ def build_worker(
     stores = build_stores(pool, settings)
     route = RouteActivities(
         stores.webhooks,
-        stores.deliveries,
+        stores.commits,
         sandbox,
         commit_delay=commit_delay,
         evaluate_delay=evaluate_delay,
@@ -157,7 +157,7 @@ async def running_worker(
         await sync_schedules(resources.temporal, workers.stores.reconcilers, settings)
         async with (
             workers,
-            running_relay(resources.temporal, workers.stores.inbox, workers.stores.deliveries, settings),
+            running_relay(resources.temporal, workers.stores.inbox, workers.stores.commits, settings),
             _beating(settings.home / LIVENESS_FILE),
             _collecting(GC_PERIOD),
         ):

@@ -19,7 +19,7 @@ from routing.delivery import CommitInput, CommitResult, FaultCommitInput
 from routing.models import Evaluation, Fault
 from routing.router import RuleEvaluator
 from routing.rules import describe_rule
-from store.deliveries import DeliveryStore
+from store.commits import CommitStore
 from store.errors import NotFound
 from store.webhooks import WebhookStore
 from switchboard.metrics import record_delivery, record_evaluation, record_triage_decision
@@ -66,14 +66,14 @@ class RouteActivities:
     def __init__(
         self,
         webhooks: WebhookStore,
-        deliveries: DeliveryStore,
+        commits: CommitStore,
         sandbox: RuleEvaluator | None = None,
         *,
         commit_delay: float = 0.0,
         evaluate_delay: float = 0.0,
     ) -> None:
         self.webhooks = webhooks
-        self.deliveries = deliveries
+        self.commits = commits
         self.sandbox = sandbox
         self.commit_delay = commit_delay
         self.evaluate_delay = evaluate_delay
@@ -144,7 +144,7 @@ class RouteActivities:
             # Fault injection for crash tests only (SWITCHBOARD_FAULT_COMMIT_DELAY); zero in production.
             await asyncio.sleep(self.commit_delay)
         # The run id comes from the activity's own context, so the workflow's input to it stays unchanged.
-        result = await self.deliveries.commit(data.model_copy(update={"run_id": activity.info().workflow_run_id}))
+        result = await self.commits.commit(data.model_copy(update={"run_id": activity.info().workflow_run_id}))
         # Recorded here, not in the workflow (which replays): once per committed delivery, retries aside.
         faults = data.decision.trace.get("faults")
         record_delivery(
@@ -175,6 +175,6 @@ class RouteActivities:
     @application_errors
     async def commit_faulted(self, data: FaultCommitInput) -> CommitResult:
         """Store a delivery whose commit was refused as faulted, with the error on its trace. Idempotent."""
-        result = await self.deliveries.commit_faulted(data)
+        result = await self.commits.commit_faulted(data)
         record_delivery(data.delivery.source, "faulted", data.faults)
         return result

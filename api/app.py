@@ -14,7 +14,7 @@ from temporalio.client import Client
 
 from api import ingest, stream
 from api.clientaddr import ClientAddressMiddleware
-from api.codec import codec_router
+from api.codec_endpoint import codec_router
 from api.deps import HealthDep, Services, SettingsDep, TemporalDep
 from api.docs import install_docs
 from api.doorbell import run_doorbell

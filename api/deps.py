@@ -16,8 +16,8 @@ from api.ratelimit import KeyedLimits, TokenBuckets
 from routing.sandbox import SandboxPool
 from runtime.root import ApiResources
 from store.collectors import CollectorStore
+from store.commits import CommitStore
 from store.db import Pool
-from store.deliveries import DeliveryStore
 from store.errors import Unauthenticated
 from store.events import EventStore
 from store.health import HealthProbe
@@ -57,7 +57,7 @@ class Services:
     schedules: ScheduleStore
     inbox: InboxStore
     # Stores a delivery whose start Temporal refused as a faulted event (api/ingest.py).
-    deliveries: DeliveryStore
+    commits: CommitStore
     llm: LlmStore
     reconcilers: ReconcilerStore
     # The rule verbs' own sandbox (dry-run, backtest, save-time compiles); deliveries evaluate on the workers.
@@ -94,7 +94,7 @@ class Services:
             events=stores.events,
             schedules=stores.schedules,
             inbox=stores.inbox,
-            deliveries=stores.deliveries,
+            commits=stores.commits,
             llm=stores.llm,
             reconcilers=stores.reconcilers,
             rule_sandbox=resources.rule_sandbox,

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from store.deliveries import DOORBELL_CHANNEL
+from store.commits import DOORBELL_CHANNEL
 from store.doorbell import REVOKED_CHANNEL, DoorbellStore, Listener, Note, RingRow
 from switchboard.metrics import DOORBELL_DROPS, DOORBELL_RINGS, bounded
 

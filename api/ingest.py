@@ -27,8 +27,8 @@ from routing.signatures import MissingSecret
 from routing.sources import body_fallback_id, find_source, ingest_wait_seconds, producer_delivery_id, verify
 from routing.text import MAX_HEADER_VALUE_CHARS, clean_optional
 from runtime.starts import is_outage, start_delivery, start_refusal
+from store.commits import CommitStore
 from store.db import bounded
-from store.deliveries import DeliveryStore
 from store.errors import StoreUnavailable
 from store.inbox import InboxReason, InboxStore
 from store.models import IngestWebhook
@@ -115,7 +115,7 @@ async def ingest(ingest_token: str, request: Request, svc: ServicesDep) -> Respo
                 webhooks=svc.webhooks,
                 buckets=svc.ingest_limits,
                 inbox=svc.inbox,
-                deliveries=svc.deliveries,
+                commits=svc.commits,
                 admission=svc.admission,
                 temporal=svc.temporal,
             )
@@ -140,7 +140,7 @@ async def _receive(
     webhooks: WebhookStore,
     buckets: TokenBuckets,
     inbox: InboxStore,
-    deliveries: DeliveryStore,
+    commits: CommitStore,
     admission: Admission,
     temporal: Client | None,
 ) -> JSONResponse:
@@ -227,7 +227,7 @@ async def _receive(
         delivery,
         settings=settings,
         inbox=inbox,
-        deliveries=deliveries,
+        commits=commits,
         admission=admission,
         temporal=temporal,
         rate=webhook_rate(webhook, settings),
@@ -280,7 +280,7 @@ async def start_and_wait(
     *,
     settings: Settings,
     inbox: InboxStore,
-    deliveries: DeliveryStore,
+    commits: CommitStore,
     admission: Admission,
     temporal: Client | None,
     rate: float = 0.0,
@@ -315,7 +315,7 @@ async def start_and_wait(
                 handle, started = await start_delivery(temporal, delivery, settings)
         except Exception as exc:
             if not is_outage(exc):
-                return await _refused(deliveries, inbox, settings, delivery, exc)
+                return await _refused(commits, inbox, settings, delivery, exc)
             # Possibly taken after all (a frozen server answers late): the relay's start then joins that run.
             admission.start_failed()
             log.warning(
@@ -344,7 +344,7 @@ async def start_and_wait(
 
 
 async def _refused(
-    deliveries: DeliveryStore, inbox: InboxStore, settings: Settings, delivery: DeliveryInput, exc: BaseException
+    commits: CommitStore, inbox: InboxStore, settings: Settings, delivery: DeliveryInput, exc: BaseException
 ) -> JSONResponse:
     """Temporal refused the start itself: store the delivery as a faulted event with the error, and answer 202."""
     error = start_refusal(delivery, exc)
@@ -354,7 +354,7 @@ async def _refused(
     )
     try:
         async with _database_bound(settings):
-            result = await deliveries.commit_faulted(error)
+            result = await commits.commit_faulted(error)
     except _UNAVAILABLE:
         # The inbox's relay meets the same refusal and stores the faulted event once PostgreSQL answers.
         return await _to_inbox(inbox, settings, delivery.workflow_id, delivery, "temporal_unavailable")

@@ -31,8 +31,8 @@ from api.app import create_app
 from cli.embedded import search_attribute_args, start_postgres, temporal_cli
 from routing.delivery import DeliveryInput, workflow_id_for
 from runtime.relay import InboxRelay
+from store.commits import CommitStore
 from store.db import migrate, open_pool
-from store.deliveries import DeliveryStore
 from store.inbox import InboxStore
 from switchboard.settings import Settings
 from tests.signing import sign_github
@@ -188,7 +188,7 @@ async def main() -> None:
                     quiet = settings.model_copy(update={"relay_log_seconds": 3600.0, "eager_start": False})
                     started = time.monotonic()
                     tasks = [
-                        asyncio.create_task(InboxRelay(env.client, inbox, DeliveryStore(inbox.pool), quiet).run())
+                        asyncio.create_task(InboxRelay(env.client, inbox, CommitStore(inbox.pool), quiet).run())
                         for _ in range(relays)
                     ]
                     while True:  # polling the database

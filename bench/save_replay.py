@@ -1,7 +1,7 @@
 """What the trust gate and a rule save's replay cost.
 
 A rule save now replays its rules over the webhook's latest 50 stored events in the rule verbs' sandbox
-(routing.replay.recent_faults) before it is accepted; every envelope now carries ``.actor`` (routing.trust).
+(routing.backtest.recent_faults) before it is accepted; every envelope now carries ``.actor`` (routing.trust).
 This prints, with the rule verbs' own sandbox shape (2 children) and a realistic GitHub issue of about 25 KB:
 
 - the replay of the fleet pack (25 rules) over 50 such events: what every save adds;
@@ -26,9 +26,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.rules import github_issue_envelope
+from routing.backtest import RecentCheck, StoredEvent, StoredTodo, recent_faults
 from routing.envelope import build_envelope
 from routing.models import Grant, Target
-from routing.replay import RecentCheck, StoredEvent, StoredTodo, recent_faults
 from routing.router import evaluator
 from routing.sandbox import SandboxPool
 from routing.trust import actor_projection

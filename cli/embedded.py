@@ -403,7 +403,7 @@ def temporal_dev_server(
     """Run `temporal server start-dev` with a persistent database file, as a child that ends with this process;
     yields it once it listens on 127.0.0.1:``port`` (its exit before then raises, with its log's end).
 
-    ``ui_codec_endpoint``: the UI decodes sealed payloads there (api/codec.py), once signed in at its /login.
+    ``ui_codec_endpoint``: the UI decodes sealed payloads there (api/codec_endpoint.py), once signed in at its /login.
     """
     db_file.parent.mkdir(parents=True, exist_ok=True)
     cmd = [

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from routing.sources import SOURCE_TYPES as SOURCE_TYPES
 from routing.sources import SOURCES
@@ -153,16 +153,8 @@ class Mint(BaseModel):
 class Decision(BaseModel):
     """The router's verdict for one delivery, applied by the commit activity."""
 
-    # A decision crosses Temporal inside the commit activity's input. ``todos`` was called ``deliveries``: that
-    # stays its JSON name, written and read, so a payload of either worker version decodes in the other.
-    model_config = ConfigDict(serialize_by_alias=True)
-
     disposition: Disposition
-    todos: list[Mint] = Field(
-        default_factory=list,
-        validation_alias=AliasChoices("todos", "deliveries"),
-        serialization_alias="deliveries",
-    )
+    todos: list[Mint] = Field(default_factory=list)
     trace: dict[str, Any]
     once_key: str | None = None
     work_order: dict[str, Any] | None = None

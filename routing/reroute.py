@@ -2,7 +2,7 @@
 
 A re-route runs a stored delivery through RouteDelivery again, with the webhook's current rules, params,
 on_fault and grant, as a new event row naming the original (``reroute_of``); the original never changes. What a
-re-route would do is the backtest's stored-vs-new comparison (routing.replay) against the delivery's *current*
+re-route would do is the backtest's stored-vs-new comparison (routing.backtest) against the delivery's *current*
 outcome: its latest re-route, else the original. Routing itself is routing.router's; the reads are the store's.
 """
 
@@ -13,10 +13,10 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from routing.backtest import History, Outcome, once_keys, replay_events, simulate_once
 from routing.delivery import MAX_SUMMARY_CHARS, CommitResult, DeliveryInput, TodoRef, plain, summary_line
 from routing.envelope import parse_payload
 from routing.models import Grant
-from routing.replay import History, Outcome, once_keys, replay_events, simulate_once
 from routing.router import Evaluate
 from routing.sources import producer_delivery_id
 from routing.trust import Release

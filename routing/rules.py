@@ -26,7 +26,7 @@ MAX_PARAMS_BYTES = 16 * 1024
 RULE_KEYS = frozenset({"id", "name", "expr", "action"})
 RULE_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
-# A save whose rules error or time out on the webhook's recent stored events (routing.replay.recent_faults).
+# A save whose rules error or time out on the webhook's recent stored events (routing.backtest.recent_faults).
 RULE_FAULTS_ON_RECENT_EVENTS = "rule_faults_on_recent_events"
 ERROR_CODES = (
     "invalid_expression",

@@ -23,7 +23,7 @@ from datetime import timedelta
 from temporalio.client import Client
 
 from runtime.starts import is_outage, start_delivery, start_refusal
-from store.deliveries import DeliveryStore
+from store.commits import CommitStore
 from store.errors import StoreUnavailable
 from store.inbox import Failure, InboxRow, InboxStore
 from switchboard.metrics import record_inbox_parked
@@ -55,14 +55,14 @@ class InboxRelay:
         self,
         client: Client,
         inbox: InboxStore,
-        deliveries: DeliveryStore,
+        commits: CommitStore,
         settings: Settings,
         *,
         task_queue: str | None = None,
     ) -> None:
         self.client = client
         self.inbox = inbox
-        self.deliveries = deliveries
+        self.commits = commits
         self.settings = settings
         self.task_queue = task_queue or settings.task_queue
         self._backoff = 0.0
@@ -174,7 +174,7 @@ class InboxRelay:
             "Temporal refused a relayed start; stored as faulted",
             extra={"workflow_id": row.workflow_id, "error": _describe(error)},
         )
-        await self.deliveries.commit_faulted(start_refusal(row.delivery, error))
+        await self.commits.commit_faulted(start_refusal(row.delivery, error))
 
     async def _temporal_healthy(self) -> bool:
         """Whether Temporal's frontend answers its health check now."""
@@ -216,13 +216,13 @@ def _describe(exc: BaseException) -> str:
 async def running_relay(
     client: Client,
     inbox: InboxStore,
-    deliveries: DeliveryStore,
+    commits: CommitStore,
     settings: Settings,
     *,
     task_queue: str | None = None,
 ) -> AsyncIterator[InboxRelay]:
     """Run a relay for the lifetime of the block."""
-    relay = InboxRelay(client, inbox, deliveries, settings, task_queue=task_queue)
+    relay = InboxRelay(client, inbox, commits, settings, task_queue=task_queue)
     task = asyncio.create_task(relay.run(), name="inbox-relay")
     try:
         yield relay

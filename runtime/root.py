@@ -25,9 +25,9 @@ from temporalio.client import Client
 
 from routing.sandbox import SandboxPool
 from store.collectors import CollectorStore
+from store.commits import CommitStore
 from store.crypto import SecretBox, check_secret_key
 from store.db import Pool, open_pool
-from store.deliveries import DeliveryStore
 from store.doorbell import DoorbellStore
 from store.events import EventStore
 from store.health import HealthProbe
@@ -63,7 +63,7 @@ class Stores:
     events: EventStore
     schedules: ScheduleStore
     inbox: InboxStore
-    deliveries: DeliveryStore
+    commits: CommitStore
     doorbell: DoorbellStore
     llm: LlmStore
     reconcilers: ReconcilerStore
@@ -90,7 +90,7 @@ def build_stores(pool: Pool, settings: Settings) -> Stores:
         events=EventStore(pool),
         schedules=ScheduleStore(pool),
         inbox=InboxStore(pool),
-        deliveries=DeliveryStore(pool),
+        commits=CommitStore(pool),
         doorbell=DoorbellStore(pool),
         llm=LlmStore(pool, box, webhooks),
         reconcilers=ReconcilerStore(pool, box, webhooks),

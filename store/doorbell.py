@@ -15,8 +15,8 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
+from store.commits import DOORBELL_CHANNEL
 from store.db import KEEPALIVES, Pool
-from store.deliveries import DOORBELL_CHANNEL
 from store.errors import translates_errors
 
 REVOKED_CHANNEL = "switchboard_revoked"

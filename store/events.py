@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from routing.backtest import StoredEvent, StoredTodo
 from routing.models import EventDisposition
-from routing.replay import StoredEvent, StoredTodo
 from routing.reroute import StoredDelivery
 from routing.text import loads_bounded, may_hold_surrogate, replace_lone_surrogates
 from routing.trust import QuarantineReason, quarantine_reason
@@ -95,7 +95,7 @@ _EVENT_OWNED = f"""
 SELECT 1 FROM events ev {_OWNED} WHERE ev.id = %(event)s
 """  # noqa: S608 - constant fragments only
 
-# Replay reads (routing.replay.History): by webhook, after the caller's ownership of it was checked.
+# Replay reads (routing.backtest.History): by webhook, after the caller's ownership of it was checked.
 _REPLAY_COLUMNS = (
     "id, webhook_id, source, kind, trust_mode, verified, content_type, headers, payload, payload_size,"
     " received_at, routing_trace, disposition, todo_ids, release"

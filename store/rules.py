@@ -12,8 +12,8 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
+from routing.backtest import RecentCheck, RecentFault, recent_faults_message
 from routing.models import ON_FAULT_VALUES, Grant, OnFault
-from routing.replay import RecentCheck, RecentFault, recent_faults_message
 from routing.rules import (
     RULE_FAULTS_ON_RECENT_EVENTS,
     Candidate,
@@ -66,7 +66,7 @@ class RuleConfig(BaseModel):
 
 
 Edit = Callable[[RuleConfig], Candidate]
-# The save-time replay (routing.replay.recent_faults, in the rule verbs' sandbox): the rules of a validated
+# The save-time replay (routing.backtest.recent_faults, in the rule verbs' sandbox): the rules of a validated
 # grant that error or time out on the webhook's latest stored events.
 Vet = Callable[[Grant], Awaitable[RecentCheck]]
 

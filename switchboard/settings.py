@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from switchboard.codec import payload_codec
+from switchboard.payload_codec import payload_codec
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -75,8 +75,8 @@ class Settings(BaseSettings):
     task_queue: str = "switchboard"
     admin_token: str | None = None
     secret_key: str | None = Field(default=None, description="hex AES-256 key for secrets at rest")
-    # The optional payload codec (switchboard/codec.py): Temporal payloads sealed with AES-256-GCM. Old keys only
-    # open (rotation); the codec endpoint (/codec, api/codec.py) answers browsers of these origins only.
+    # The optional payload codec (switchboard/payload_codec.py): Temporal payloads sealed with AES-256-GCM. Old keys only
+    # open (rotation); the codec endpoint (/codec, api/codec_endpoint.py) answers browsers of these origins only.
     payload_key: str | None = None
     payload_old_keys: str = ""
     codec_origins: str = ""

@@ -12,8 +12,8 @@ from temporalio.converter import DataConverter
 from temporalio.service import TLSConfig
 
 from switchboard import tracing
-from switchboard.codec import payload_codec
 from switchboard.logs import install_masking
+from switchboard.payload_codec import payload_codec
 from switchboard.request_ids import RequestIdInterceptor
 from switchboard.settings import Settings
 from switchboard.temporal_runtime import temporal_runtime

@@ -2,7 +2,7 @@
 
 Shapes and handlers only. A re-route is the receiver's own RouteDelivery workflow run on a stored delivery
 (routing.reroute builds its input); the plan a dry run answers is the backtest's stored-vs-new comparison
-(routing.replay) against each delivery's current outcome, evaluated in this process's rule sandbox. A bulk
+(routing.backtest) against each delivery's current outcome, evaluated in this process's rule sandbox. A bulk
 re-route is one RerouteEvents workflow (workflows/reroute.py): its progress is a query, its answer the result.
 """
 

@@ -2,10 +2,10 @@
 
 SPEC-0020 keeps models off the per-event path; this verb moves the model to authoring (the article's "Compile
 the plain-English condition at authoring time"). It grounds on the webhook's own latest events (their paths,
-and values only as the owner allowed), asks the provider to fill the filter language of routing/filters.py,
+and values only as the owner allowed), asks the provider to fill the filter language of routing/filters/language.py,
 and then trusts nothing it said: the answer is validated against the schema, its paths against the
 grounding, the compiled rule exactly as a save (store.rules.validated_grant) and previewed with the backtest
-(routing.replay). Nothing is saved; a weak model's garbage is a clear error, never a rule.
+(routing.backtest). Nothing is saved; a weak model's garbage is a clear error, never a rule.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from api.verbs.rules import (
     sandbox_of,
 )
 from api.verbs.schedules import CreateScheduleInput
-from routing import filters, replay
-from routing.filters import FilterAnswer, FilterError, ScheduleAnswer, Unsupported
-from routing.replay import BacktestSummary
+from routing import backtest
+from routing.backtest import BacktestSummary
+from routing.filters import grounding, language, to_jq
+from routing.filters.language import FilterAnswer, FilterError, ScheduleAnswer, Unsupported
 from routing.router import evaluator
 from routing.rules import MAX_NAME_BYTES, Candidate
 from store.errors import DomainError, InvalidArgument
@@ -172,13 +173,13 @@ async def model_for(ctx: Context, data: CompileRuleInput) -> tuple[Provider, str
     return provider, model, values
 
 
-async def _sample(ctx: Context, webhook_id: str, size: int) -> filters.Sample:
+async def _sample(ctx: Context, webhook_id: str, size: int) -> grounding.Sample:
     """The latest ``size`` events of this webhook only, read a batch of payloads at a time."""
     history = history_of(ctx)
     ids = await history.recent_event_ids(webhook_id, size)
-    sample = filters.Sample()
-    for start in range(0, len(ids), replay.REPLAY_BATCH):
-        for event in await history.stored_events(webhook_id, ids[start : start + replay.REPLAY_BATCH]):
+    sample = grounding.Sample()
+    for start in range(0, len(ids), backtest.REPLAY_BATCH):
+        for event in await history.stored_events(webhook_id, ids[start : start + backtest.REPLAY_BATCH]):
             sample.add(event.envelope())
     return sample
 
@@ -235,7 +236,7 @@ async def _preview(ctx: Context, saved: RuleConfig, rule: dict[str, Any], limit:
     grant = await validated_grant(candidate, saved.grant, sandbox_of(ctx))
     minted = grant.rules[0]["id"]
     async with ctx.services.backtests.hold(ctx.caller.endpoint_id):
-        result = await replay.backtest(history_of(ctx), grant, limit, evaluator(sandbox_of(ctx)))
+        result = await backtest.backtest(history_of(ctx), grant, limit, evaluator(sandbox_of(ctx)))
     matched = [e.event_id for e in result.events if e.candidate.rule_id == minted]
     return Preview(events=len(result.events), matched=len(matched), matched_event_ids=matched, summary=result.summary)
 
@@ -281,17 +282,17 @@ async def compile_webhook_rule(ctx: Context, data: CompileRuleInput) -> CompileR
     }
     # The provider's own timeout, never past the operator's ceiling on any model call.
     timeout = min(provider.timeout_seconds, ctx.services.settings.llm_timeout_max_seconds)
-    raw = await _ask(provider, model, document, filters.response_schema(paths, queues), timeout)
+    raw = await _ask(provider, model, document, grounding.response_schema(paths, queues), timeout)
     try:
-        answer = filters.parse_reply(raw)
+        answer = language.parse_reply(raw)
     except FilterError as exc:
         raise UncompilableError(f"{exc}; nothing was saved") from exc
-    grounding = Grounding(events=sample.events, paths=len(paths), values=values)
+    shown = Grounding(events=sample.events, paths=len(paths), values=values)
     common: dict[str, Any] = {
         "webhook_id": data.webhook_id,
         "provider": provider.name,
         "model": model,
-        "grounding": grounding,
+        "grounding": shown,
         "answer": answer.model_dump(mode="json"),
     }
     if isinstance(answer, Unsupported):
@@ -303,7 +304,7 @@ async def compile_webhook_rule(ctx: Context, data: CompileRuleInput) -> CompileR
             **common, type="schedule", rule=None, preview=None, schedule=_schedule(data, answer), warnings=[]
         )
     assert isinstance(answer, FilterAnswer)
-    missing = filters.ungrounded(answer, set(paths))
+    missing = language.ungrounded(answer, set(paths))
     if missing:
         listed = ", ".join(json.dumps(p, ensure_ascii=False) for p in missing)
         raise UncompilableError(
@@ -317,7 +318,7 @@ async def compile_webhook_rule(ctx: Context, data: CompileRuleInput) -> CompileR
     if not answer.kinds and answer.where is None:
         warnings.append("the rule matches every event")
     rule = CompiledRule(
-        name=_name_of(data.sentence) or "compiled", expr=filters.to_jq(answer), action=filters.action_of(answer)
+        name=_name_of(data.sentence) or "compiled", expr=to_jq.to_jq(answer), action=to_jq.action_of(answer)
     )
     preview = await _preview(ctx, saved, rule.model_dump(), data.limit)
     return CompileRuleOutput(

@@ -2,7 +2,7 @@
 
 Shapes and handlers only. Mutations compile their rules in the rule sandbox, then read-modify-validate-write
 under the webhook's row lock (store.rules); the dry-run and the backtest route through the receiver's own
-router (routing.router) with this process's rule sandbox, replay stored events (routing.replay over
+router (routing.router) with this process's rule sandbox, replay stored events (routing.backtest over
 store.events) and persist nothing.
 """
 
@@ -16,9 +16,9 @@ from pydantic import BaseModel, Field, StrictBool
 
 from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInput, verb
 from api.verbs.rule_schema import ActionJSON, RuleJSON, RulePatchJSON, RulesJSON
-from routing import replay
+from routing import backtest
+from routing.backtest import BacktestSummary, DecisionSummary, RecentCheck, ReplayedEvent
 from routing.models import Grant, OnFault
-from routing.replay import BacktestSummary, DecisionSummary, RecentCheck, ReplayedEvent
 from routing.router import evaluator, route
 from routing.rules import Candidate
 from routing.sandbox import SandboxPool
@@ -225,7 +225,7 @@ def vet_of(ctx: Context) -> Vet:
     async def vet(grant: Grant) -> RecentCheck:
         # Queued behind the caller's own backtests, like them: up to 50 evaluations.
         async with ctx.services.backtests.hold(ctx.caller.endpoint_id):
-            check = await replay.recent_faults(history, grant, evaluate)
+            check = await backtest.recent_faults(history, grant, evaluate)
         if check.unchecked:
             raise SandboxBusy(
                 f"{check.unchecked} of the latest stored events could not be evaluated in time; nothing was saved"
@@ -244,7 +244,7 @@ async def saved(ctx: Context, data: SaveInput, edit: Edit) -> RuleConfig:
 
 async def tried_grant(ctx: Context, saved: RuleConfig, data: CandidateInput) -> tuple[Grant, bool]:
     """The grant to replay: the saved one, or with the candidate's fields validated exactly as a save."""
-    candidate = replay.candidate_of(saved.grant, {k: getattr(data, k) for k in data.model_fields_set})
+    candidate = backtest.candidate_of(saved.grant, {k: getattr(data, k) for k in data.model_fields_set})
     if candidate is None:
         return saved.grant, False
     return await validated_grant(candidate, saved.grant, sandbox_of(ctx)), True
@@ -462,13 +462,13 @@ async def test_webhook_rules(ctx: Context, data: DryRunInput) -> DryRunOutput:
     else:
         config = await ctx.services.rules.webhook_config(data.webhook_id)
         shown = release if data.released else None
-        envelope = replay.sample_envelope(grant, config, data.payload, data.headers, release=shown)
+        envelope = backtest.sample_envelope(grant, config, data.payload, data.headers, release=shown)
     decision = (await route(grant, envelope, evaluator(sandbox_of(ctx)))).decision
     return DryRunOutput(
         webhook_id=data.webhook_id,
         event_id=data.event_id,
         candidate=is_candidate,
-        decision=replay.summarize_decision(decision),
+        decision=backtest.summarize_decision(decision),
         trace=decision.trace,
         envelope=None if data.omit_envelope else envelope,
     )
@@ -501,7 +501,7 @@ async def backtest_webhook_rules(ctx: Context, data: BacktestInput) -> BacktestO
     grant, is_candidate = await tried_grant(ctx, saved, data)
     # A caller's concurrent backtests run one after another, so one caller cannot fill the verbs' sandbox.
     async with ctx.services.backtests.hold(ctx.caller.endpoint_id):
-        result = await replay.backtest(history_of(ctx), grant, data.limit, evaluator(sandbox_of(ctx)))
+        result = await backtest.backtest(history_of(ctx), grant, data.limit, evaluator(sandbox_of(ctx)))
     return BacktestOutput(
         webhook_id=data.webhook_id, candidate=is_candidate, events=result.events, summary=result.summary
     )

@@ -22,8 +22,8 @@ from activities.triage import ask_model
 from api.verbs.admin import LLM_HELP
 from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInput, verb
 from api.verbs.rules import FAMILY, WebhookInput, history_of
+from routing.backtest import REPLAY_BATCH
 from routing.models import TriageConfig, TriageQueue
-from routing.replay import REPLAY_BATCH
 from routing.triage import NOT_RUN, TriageInput, judge, projection
 from runtime.root import llm_ceilings
 from store.errors import InvalidArgument

@@ -22,8 +22,8 @@ from activities.errors import STORE_REJECTED, STORE_UNAVAILABLE, TRANSLATED, VAL
 from activities.models import LoadGrantInput, QueuedEvaluateInput
 from activities.route import RouteActivities
 from activities.schedules import PrepareFireInput, RecordFireInput, ScheduleActivities
+from store.commits import CommitStore
 from store.db import Pool, open_pool
-from store.deliveries import DeliveryStore
 from store.errors import (
     Conflict,
     DomainError,
@@ -119,7 +119,7 @@ async def test_an_unexpected_failure_is_retried_and_logged_with_its_traceback(
         async def evaluate(self, rules: Any, params: Any, envelope: Any) -> Any:
             raise RuntimeError("the sandbox lost its child")
 
-    acts = RouteActivities(WebhookStore(pool, box=None), DeliveryStore(pool), Broken())  # type: ignore[arg-type]
+    acts = RouteActivities(WebhookStore(pool, box=None), CommitStore(pool), Broken())  # type: ignore[arg-type]
     rules = QueuedEvaluateInput(delivery=delivery_input(), rules=[{"expr": "true", "action": {"queue": "work"}}])
     with caplog.at_level(logging.ERROR), pytest.raises(ApplicationError) as info:
         await _env("evaluate_rules").run(acts.evaluate_rules, rules)
@@ -130,7 +130,7 @@ async def test_an_unexpected_failure_is_retried_and_logged_with_its_traceback(
 
 
 async def test_a_webhook_that_is_gone_is_an_answer_not_an_error(pool: Pool) -> None:
-    acts = RouteActivities(WebhookStore(pool, box=None), DeliveryStore(pool))  # type: ignore[arg-type]
+    acts = RouteActivities(WebhookStore(pool, box=None), CommitStore(pool))  # type: ignore[arg-type]
     result = await ActivityEnvironment().run(acts.load_grant, LoadGrantInput(webhook_id="wh_missing"))
     assert result.grant is None
 

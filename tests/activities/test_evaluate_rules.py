@@ -11,9 +11,9 @@ from activities.models import QueuedEvaluateInput
 from activities.route import RouteActivities
 from routing.models import Evaluation
 from routing.router import RuleEvaluator
+from store.commits import CommitStore
 from store.crypto import SecretBox
 from store.db import open_pool
-from store.deliveries import DeliveryStore
 from store.webhooks import WebhookStore
 from tests.helpers import delivery_input, eventually
 
@@ -23,7 +23,7 @@ RULES = [{"id": "any", "expr": "true", "action": {"queue": "work"}}]
 
 async def _activities(database_url: str, sandbox: RuleEvaluator | None) -> tuple[RouteActivities, Any]:
     pool = await open_pool(database_url, max_size=1)
-    return RouteActivities(WebhookStore(pool, SecretBox("0" * 64)), DeliveryStore(pool), sandbox), pool
+    return RouteActivities(WebhookStore(pool, SecretBox("0" * 64)), CommitStore(pool), sandbox), pool
 
 
 class SlowSandbox:

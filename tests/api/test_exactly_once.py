@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from routing.delivery import CommitInput, CommitResult
-from store.deliveries import DeliveryStore
+from store.commits import CommitStore
 from store.schedules import ScheduleStore
 from tests.conftest import Stack
 from tests.helpers import eventually, issue_payload, post_github
@@ -36,10 +36,10 @@ async def test_twenty_concurrent_redeliveries_exactly_one_answer_says_created(st
 async def test_a_commit_activity_retried_after_commit_answers_created_end_to_end(
     stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = DeliveryStore.commit
+    real = CommitStore.commit
     failed: list[str] = []
 
-    async def commit_then_lose_the_answer(self: DeliveryStore, data: CommitInput) -> CommitResult:
+    async def commit_then_lose_the_answer(self: CommitStore, data: CommitInput) -> CommitResult:
         result = await real(self, data)
         if not failed:
             # The transaction committed; the activity's completion is lost (a crash, a timeout): Temporal retries.
@@ -47,7 +47,7 @@ async def test_a_commit_activity_retried_after_commit_answers_created_end_to_end
             raise ConnectionError("lost after commit")
         return result
 
-    monkeypatch.setattr(DeliveryStore, "commit", commit_then_lose_the_answer)
+    monkeypatch.setattr(CommitStore, "commit", commit_then_lose_the_answer)
     agent = await stack.agent()
     webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "work"})
     resp = await post_github(stack.http, webhook, issue_payload(), delivery="lost-answer")
@@ -61,17 +61,17 @@ async def test_a_commit_activity_retried_after_commit_answers_created_end_to_end
 async def test_schedule_fire_counts_are_exact_under_a_retried_commit_and_record(
     stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = DeliveryStore.commit
+    real = CommitStore.commit
     failed: list[str] = []
 
-    async def commit_then_lose_the_answer(self: DeliveryStore, data: CommitInput) -> CommitResult:
+    async def commit_then_lose_the_answer(self: CommitStore, data: CommitInput) -> CommitResult:
         result = await real(self, data)
         if not failed:
             failed.append(data.delivery.external_id)
             raise ConnectionError("lost after commit")
         return result
 
-    monkeypatch.setattr(DeliveryStore, "commit", commit_then_lose_the_answer)
+    monkeypatch.setattr(CommitStore, "commit", commit_then_lose_the_answer)
     agent = await stack.agent(queues=["work", "cron"])
     made = await agent.ok("create_schedule", {"cron": "0 0 1 1 *", "title": "Nightly", "queue": "cron"})
     await stack.temporal.get_schedule_handle(made["temporal_schedule_id"]).trigger()

@@ -24,8 +24,8 @@ from cli.embedded import search_attribute_args, start_postgres
 from routing.delivery import CommitResult
 from runtime.relay import InboxRelay, running_relay
 from runtime.starts import start_delivery
+from store.commits import CommitStore
 from store.db import migrate
-from store.deliveries import DeliveryStore
 from store.inbox import InboxStore
 from tests.conftest import Stack, make_settings, running_stack, start_temporal, worker_process_env
 from tests.helpers import eventually, issue_payload, post_github, token_of
@@ -42,8 +42,8 @@ def inbox(stack: Stack) -> InboxStore:
     return InboxStore(stack.app.state.services.pool)
 
 
-def deliveries(stack: Stack) -> DeliveryStore:
-    return DeliveryStore(stack.app.state.services.pool)
+def deliveries(stack: Stack) -> CommitStore:
+    return CommitStore(stack.app.state.services.pool)
 
 
 async def unreachable_client() -> Client:

@@ -14,7 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from routing.delivery import DeliveryInput
 from runtime.relay import PARK_AFTER, InboxRelay
-from store.deliveries import DeliveryStore
+from store.commits import CommitStore
 from store.inbox import InboxStore
 from tests.conftest import Agent, Stack
 from tests.helpers import eventually, issue_payload, post_github
@@ -29,7 +29,7 @@ def count(stack: Stack, query: str, *params: Any) -> int:
 def relay(stack: Stack, client: Client) -> InboxRelay:
     services = stack.app.state.services
     settings = stack.settings.model_copy(update={"relay_poll_seconds": 0.05, "relay_log_seconds": 3600.0})
-    return InboxRelay(client, InboxStore(services.pool), DeliveryStore(services.pool), settings)
+    return InboxRelay(client, InboxStore(services.pool), CommitStore(services.pool), settings)
 
 
 async def webhook_of(stack: Stack) -> tuple[Agent, dict[str, Any]]:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from api.verbs.rule_compiler import INSTRUCTIONS
-from routing import filters
+from routing.filters import language, to_jq
 from switchboard.llm import DATA_CLOSE, DATA_OPEN
 from tests.conftest import Agent, Stack
 from tests.helpers import issue_payload, post_github
@@ -148,8 +148,8 @@ async def test_a_sentence_compiles_to_a_previewed_rule_and_nothing_is_saved(stac
     assert out["answer"] == BUG_FILTER["answer"] and out["schedule"] is None and out["warnings"] == []
     rule = out["rule"]
     assert rule["name"] == sentence and rule["action"] == {"queue": "triage"}
-    answer = filters.parse_reply(BUG_FILTER)
-    assert isinstance(answer, filters.FilterAnswer) and rule["expr"] == filters.to_jq(answer)
+    answer = language.parse_reply(BUG_FILTER)
+    assert isinstance(answer, language.FilterAnswer) and rule["expr"] == to_jq.to_jq(answer)
     preview = out["preview"]
     assert preview["matched_event_ids"] == [ids[2], ids[0]] and preview["matched"] == 2 and preview["events"] == 3
     assert preview["summary"]["by_rule"] == {"default:no_match_default": 1, **preview["summary"]["by_rule"]}

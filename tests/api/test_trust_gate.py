@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from routing.backtest import RecentCheck
 from routing.models import Grant
-from routing.replay import RecentCheck
 from routing.rules import Candidate
 from store.models import Caller
 from store.rules import RuleConfig

@@ -1,4 +1,4 @@
-"""The authoring filter language (routing/filters.py): its jq, run by the rule engine, agrees with its Python reading."""
+"""The authoring filter language (routing/filters/): its jq, run by the rule engine, agrees with its Python reading."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from routing import filters, jq_policy
-from routing.filters import (
+from routing import jq_policy
+from routing.filters import grounding, language, to_jq
+from routing.filters.language import (
     AllOf,
     AnyOf,
     Condition,
@@ -25,6 +26,7 @@ from routing.filters import (
     ScheduleAnswer,
     Unsupported,
 )
+from tests.routing import filter_oracle
 from tests.routing.in_process import check_in_process, evaluate_in_process
 
 # Keys that need quoting in jq, or that look like jq code, variables or interpolations when spliced.
@@ -49,7 +51,7 @@ scalars = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(min_value=-3, max_value=3),
-    st.integers(min_value=-filters.SAFE_INT, max_value=filters.SAFE_INT),
+    st.integers(min_value=-language.SAFE_INT, max_value=language.SAFE_INT),
     st.sampled_from(TEXTS),
     st.text(st.characters(exclude_categories=["Cs"]), max_size=8),
 )
@@ -59,7 +61,7 @@ documents = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(KEYS), inner, max_size=4),
     max_leaves=20,
 )
-random_paths = st.lists(st.sampled_from(KEYS), min_size=1, max_size=4).map(filters.render_path)
+random_paths = st.lists(st.sampled_from(KEYS), min_size=1, max_size=4).map(language.render_path)
 envelopes = st.fixed_dictionaries(
     {
         "source": st.just("github"),
@@ -72,7 +74,7 @@ envelopes = st.fixed_dictionaries(
 
 def answers_for(envelope: dict[str, Any]) -> st.SearchStrategy[FilterAnswer]:
     """Filters over an envelope's own paths and values (so conditions hit), mixed with random ones."""
-    grounded = filters.ground([envelope], values=True)
+    grounded = grounding.ground([envelope], values=True)
     found = [g.path for g in grounded]
     seen = [v for g in grounded for v in g.values or [] if not isinstance(v, float)]
     paths = st.sampled_from(found) | random_paths if found else random_paths
@@ -118,9 +120,9 @@ def _engine_matches(expr: str, envelope: dict[str, Any]) -> bool:
 @given(data=st.data(), envelope=envelopes)
 def test_compiled_jq_agrees_with_the_python_reading(data: st.DataObject, envelope: dict[str, Any]) -> None:
     answer = data.draw(answers_for(envelope))
-    expr = filters.to_jq(answer)
+    expr = to_jq.to_jq(answer)
     assert jq_policy.verdict(expr) is None
-    matched = filters.matches(answer, envelope)
+    matched = filter_oracle.matches(answer, envelope)
     assert _engine_matches(expr, envelope) == matched
     # Both outcomes must occur, or the agreement says little.
     event(f"matched={matched}")
@@ -129,24 +131,24 @@ def test_compiled_jq_agrees_with_the_python_reading(data: st.DataObject, envelop
 @settings(max_examples=100, deadline=None)
 @given(answer=answers)
 def test_compiled_jq_compiles_and_is_deterministic(answer: FilterAnswer) -> None:
-    expr = filters.to_jq(answer)
+    expr = to_jq.to_jq(answer)
     assert check_in_process([expr]) == [None]
-    assert filters.to_jq(FilterAnswer.model_validate(answer.model_dump())) == expr
+    assert to_jq.to_jq(FilterAnswer.model_validate(answer.model_dump())) == expr
 
 
 @given(segments=st.lists(st.text(st.characters(exclude_categories=["Cs"]), max_size=6), min_size=1, max_size=6))
 def test_paths_round_trip_through_their_text(segments: list[str]) -> None:
-    text = filters.render_path(segments)
-    assert filters.parse_path(text) == tuple(segments)
+    text = language.render_path(segments)
+    assert language.parse_path(text) == tuple(segments)
 
 
 def test_path_text_forms() -> None:
-    assert filters.render_path(["payload", "issue", "x-y", "a b"]) == '.payload.issue["x-y"]["a b"]'
-    assert filters.parse_path("payload.action") == ("payload", "action")
-    assert filters.parse_path('.headers.["x-github-event"]') == ("headers", "x-github-event")
+    assert language.render_path(["payload", "issue", "x-y", "a b"]) == '.payload.issue["x-y"]["a b"]'
+    assert language.parse_path("payload.action") == ("payload", "action")
+    assert language.parse_path('.headers.["x-github-event"]') == ("headers", "x-github-event")
     for bad in (".", ".a.", ".a[1]", '.a["x"', ".a b", ".1a"):
         with pytest.raises(FilterError):
-            filters.parse_path(bad)
+            language.parse_path(bad)
 
 
 def test_labels_membership_reads_through_arrays() -> None:
@@ -167,26 +169,26 @@ def test_labels_membership_reads_through_arrays() -> None:
         ),
         action=QueueTo(queue="work"),
     )
-    assert filters.matches(bug, envelope) and _engine_matches(filters.to_jq(bug), envelope)
+    assert filter_oracle.matches(bug, envelope) and _engine_matches(to_jq.to_jq(bug), envelope)
     other_kind = bug.model_copy(update={"kinds": ["push"]})
-    assert not filters.matches(other_kind, envelope) and not _engine_matches(filters.to_jq(other_kind), envelope)
+    assert not filter_oracle.matches(other_kind, envelope) and not _engine_matches(to_jq.to_jq(other_kind), envelope)
     # true is not 1, and a missing path reaches nothing (not even null).
     one = FilterAnswer(
         type="filter", kinds=[], where=Eq(op="eq", path=".payload.flag", value=1), action=Drop(drop=True)
     )
-    assert not filters.matches(one, {"payload": {"flag": True}})
+    assert not filter_oracle.matches(one, {"payload": {"flag": True}})
     missing = one.model_copy(update={"where": Eq(op="eq", path=".payload.none", value=None)})
-    assert not filters.matches(missing, {"payload": {}}) and not _engine_matches(
-        filters.to_jq(missing), {"payload": {}}
+    assert not filter_oracle.matches(missing, {"payload": {}}) and not _engine_matches(
+        to_jq.to_jq(missing), {"payload": {}}
     )
-    assert filters.to_jq(FilterAnswer(type="filter", kinds=[], where=None, action=Drop(drop=True))) == "true"
+    assert to_jq.to_jq(FilterAnswer(type="filter", kinds=[], where=None, action=Drop(drop=True))) == "true"
 
 
 def test_parse_reply_reads_each_answer_and_names_problems() -> None:
     assert isinstance(
-        filters.parse_reply({"answer": {"type": "schedule", "cron": "0 9 * * 1-5", "timezone": "UTC"}}), ScheduleAnswer
+        language.parse_reply({"answer": {"type": "schedule", "cron": "0 9 * * 1-5", "timezone": "UTC"}}), ScheduleAnswer
     )
-    assert isinstance(filters.parse_reply({"answer": {"type": "unsupported", "reason": "fuzzy"}}), Unsupported)
+    assert isinstance(language.parse_reply({"answer": {"type": "unsupported", "reason": "fuzzy"}}), Unsupported)
     garbage: Any
     for garbage in (
         None,
@@ -212,12 +214,12 @@ def test_parse_reply_reads_each_answer_and_names_problems() -> None:
         },
     ):
         with pytest.raises(FilterError, match="does not fit the filter schema"):
-            filters.parse_reply(garbage)
+            language.parse_reply(garbage)
     deep: dict[str, Any] = {"op": "exists", "path": ".a"}
-    for _ in range(filters.MAX_DEPTH):
+    for _ in range(language.MAX_DEPTH):
         deep = {"op": "not", "of": deep}
     with pytest.raises(FilterError, match="nests deeper"):
-        filters.parse_reply({"answer": {"type": "filter", "kinds": [], "where": deep, "action": {"drop": True}}})
+        language.parse_reply({"answer": {"type": "filter", "kinds": [], "where": deep, "action": {"drop": True}}})
 
 
 def test_ungrounded_paths_are_named_in_canonical_comparison() -> None:
@@ -234,7 +236,7 @@ def test_ungrounded_paths_are_named_in_canonical_comparison() -> None:
         ),
         action=Drop(drop=True),
     )
-    assert filters.ungrounded(answer, {".payload.action"}) == [".payload.secret_field", "..bad"]
+    assert language.ungrounded(answer, {".payload.action"}) == [".payload.secret_field", "..bad"]
 
 
 def test_grounding_lists_paths_and_withholds_producer_values_unless_allowed() -> None:
@@ -249,23 +251,23 @@ def test_grounding_lists_paths_and_withholds_producer_values_unless_allowed() ->
             "body": "z" * 500,
         },
     }
-    withheld = {g.path: g.values for g in filters.ground([envelope], values=False)}
+    withheld = {g.path: g.values for g in grounding.ground([envelope], values=False)}
     assert ".webhook_id" not in withheld
     assert withheld[".kind"] == ["issues"] and withheld[".source"] == ["github"]
     assert withheld[".payload.action"] is None and withheld['.headers["x-github-event"]'] is None
     assert ".payload.issue.labels.name" in withheld
-    shown = {g.path: g.values for g in filters.ground([envelope], values=True)}
+    shown = {g.path: g.values for g in grounding.ground([envelope], values=True)}
     assert shown[".payload.action"] == ["opened"] and shown[".payload.issue.labels.name"] == ["bug"]
     assert shown[".payload.body"] == []  # a long string is never cut into a value no event has
-    ordered = [g.path for g in filters.ground([envelope], values=False)]
+    ordered = [g.path for g in grounding.ground([envelope], values=False)]
     assert ordered.index(".payload.issue.html_url") > ordered.index(".payload.issue.labels")
 
 
 def test_response_schema_enumerates_paths_and_queues() -> None:
-    schema = filters.response_schema([".payload.action"], ["work", "triage"])
+    schema = grounding.response_schema([".payload.action"], ["work", "triage"])
     text = json.dumps(schema)
     assert "oneOf" not in text and "discriminator" not in text
     assert schema["$defs"]["Eq"]["properties"]["path"]["enum"] == [".payload.action"]
     assert schema["$defs"]["QueueTo"]["properties"]["queue"]["enum"] == ["work", "triage"]
-    empty = filters.response_schema([], ["work"])
+    empty = grounding.response_schema([], ["work"])
     assert empty["$defs"]["FilterAnswer"]["properties"]["where"] == {"type": "null"} and "Eq" not in empty["$defs"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from routing.backtest import Outcome, StoredEvent, StoredTodo
 from routing.envelope import once_key, subject_key
 from routing.models import EvaluateInput, Evaluation
-from routing.replay import Outcome, StoredEvent, StoredTodo
 from routing.reroute import REROUTE_MARK, StoredDelivery, holds_its_work_order, plan, reroute_input
-from tests.routing.test_replay import BODY, event, grant
+from tests.routing.test_backtest import BODY, event, grant
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 # The once-key every test event's issue (github:a/b#7) has on queue work.

@@ -123,46 +123,12 @@ _DELIVERY = DeliveryInput(
     source_ip=None,
     received_at="2026-01-01T00:00:00+00:00",
 )
-# A commit input exactly as workers before the rename of Decision.deliveries encoded it.
-OLD_COMMIT_INPUT = {
-    "delivery": _DELIVERY.model_dump(mode="json"),
-    "decision": {
-        "disposition": "routed",
-        "deliveries": [{"endpoint_id": "ep_a", "queue": "work"}, {"endpoint_id": "ep_b", "queue": "work"}],
-        "trace": {"stage": "default", "cause": "no_match_default", "action": {"queue": "work"}},
-        "once_key": None,
-        "work_order": None,
-        "coalesce": False,
-        "subject_key": None,
-    },
-    "workflow_id": "delivery-x",
-    "run_id": None,
-}
 
 
-def _decode(data: dict[str, Any]) -> CommitInput:
-    payload = pydantic_data_converter.payload_converter.to_payloads([data])
-    [decoded] = pydantic_data_converter.payload_converter.from_payloads(payload, [CommitInput])
-    assert isinstance(decoded, CommitInput)
-    return decoded
-
-
-def test_an_old_shaped_commit_input_still_decodes() -> None:
-    decoded = _decode(OLD_COMMIT_INPUT)
-    assert decoded.decision.todos == [Mint(endpoint_id="ep_a", queue="work"), Mint(endpoint_id="ep_b", queue="work")]
-
-
-def test_a_decision_keeps_its_wire_name_and_round_trips() -> None:
+def test_a_decision_round_trips_inside_the_commit_input() -> None:
     decision = Decision(disposition="routed", todos=[Mint(endpoint_id="ep_a", queue="work")], trace={})
     commit = CommitInput(delivery=_DELIVERY, decision=decision, workflow_id="delivery-x")
     [payload] = pydantic_data_converter.payload_converter.to_payloads([commit])
-    wire = json.loads(payload.data)
-    # Written under the name older workers read, so a rolling deploy can hand a commit either way.
-    assert wire["decision"]["deliveries"] == [{"endpoint_id": "ep_a", "queue": "work"}]
-    assert "todos" not in wire["decision"]
+    assert json.loads(payload.data)["decision"]["todos"] == [{"endpoint_id": "ep_a", "queue": "work"}]
     [back] = pydantic_data_converter.payload_converter.from_payloads([payload], [CommitInput])
     assert back == commit
-    # The attribute's own name is accepted too.
-    renamed = dict(wire["decision"])
-    renamed["todos"] = renamed.pop("deliveries")
-    assert _decode({**OLD_COMMIT_INPUT, "decision": renamed}).decision.todos == decision.todos

@@ -139,7 +139,7 @@ def _store_classes() -> list[type]:
 
 def test_the_stores_are_found() -> None:
     names = {cls.__name__ for cls in _store_classes()}
-    assert {"WebhookStore", "DeliveryStore", "TodoStore", "ScheduleStore", "EventStore", "InboxStore"} <= names
+    assert {"WebhookStore", "CommitStore", "TodoStore", "ScheduleStore", "EventStore", "InboxStore"} <= names
     assert {"IdentityStore", "RouteStore", "RuleStore", "CollectorStore", "DoorbellStore", "Listener"} <= names
 
 

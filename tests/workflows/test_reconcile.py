@@ -33,7 +33,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.reconcile import ReconcileInput, ReconcileResult
 from routing.delivery import DeliveryInput, workflow_id_for
 from runtime.relay import running_relay
-from store.deliveries import DeliveryStore
+from store.commits import CommitStore
 from store.inbox import InboxStore
 from tests.conftest import Agent, Stack, running_stack, serving, worker_process_env
 from tests.github_fake import Attempt, FakeGitHub, FakeHook, Scripted, fake_github, recording_server
@@ -242,7 +242,7 @@ async def test_deliveries_switchboard_has_stored_inboxed_or_running_are_never_re
         assert stack.sql("SELECT count(*) FROM delivery_inbox WHERE webhook_id = %s", wid)[0][0] == 1
         stack.sql("UPDATE delivery_inbox SET release_at = now() WHERE webhook_id = %s", wid)
         inbox = InboxStore(stack.app.state.services.pool)
-        deliveries = DeliveryStore(stack.app.state.services.pool)
+        deliveries = CommitStore(stack.app.state.services.pool)
         async with running_relay(temporal_env.client, inbox, deliveries, stack.settings):
             await eventually(lambda: inboxed.guid in routed(stack, wid), timeout=60)
         assert routed(stack, wid) == {stored.guid: (1, 1), paced[0].guid: (1, 1), inboxed.guid: (1, 1)}

@@ -1,4 +1,4 @@
-"""Pure replay logic (routing.replay): candidate configuration, stored envelopes, outcomes and the once-key simulation."""
+"""Pure replay logic (routing.backtest): candidate configuration, stored envelopes, outcomes and the once-key simulation."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from routing.delivery import DeliveryInput
-from routing.models import Decision, EvaluateInput, Evaluation, Grant, Mint, Target
-from routing.replay import (
+from routing.backtest import (
     Outcome,
     Replayed,
     StoredEvent,
@@ -22,6 +20,8 @@ from routing.replay import (
     standing_claims,
     summarize_decision,
 )
+from routing.delivery import DeliveryInput
+from routing.models import Decision, EvaluateInput, Evaluation, Grant, Mint, Target
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 BODY = json.dumps({"action": "opened", "issue": {"number": 7, "title": "t"}, "repository": {"full_name": "a/b"}})

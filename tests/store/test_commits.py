@@ -1,4 +1,4 @@
-"""DeliveryStore.commit: one transaction per delivery, idempotent per run, a duplicate for any other run."""
+"""CommitStore.commit: one transaction per delivery, idempotent per run, a duplicate for any other run."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 from routing.decision import decide
 from routing.delivery import CommitInput, DeliveryInput
 from routing.models import Evaluation
+from store.commits import CommitStore
 from store.crypto import SecretBox
-from store.deliveries import DeliveryStore
 from store.webhooks import WebhookStore
 from tests.conftest import Stack
 from tests.helpers import issue_payload
@@ -42,7 +42,7 @@ async def test_a_commit_retried_after_it_committed_reports_the_original_outcome(
     grant = await WebhookStore(pool, SecretBox(stack.settings.secret_key or "")).load_grant(webhook["webhook_id"])
     delivery = _delivery(webhook, agent.endpoint_id, "retried")
     decision = decide(grant, Evaluation(), None)
-    store = DeliveryStore(pool)
+    store = CommitStore(pool)
 
     def commit(run_id: str) -> CommitInput:
         return CommitInput(delivery=delivery, decision=decision, workflow_id="delivery-x", run_id=run_id)
@@ -68,7 +68,7 @@ async def test_a_commit_whose_target_has_a_live_todo_names_that_todo_and_mints_n
     pool = stack.app.state.services.pool
     grant = await WebhookStore(pool, SecretBox(stack.settings.secret_key or "")).load_grant(webhook["webhook_id"])
     decision = decide(grant, Evaluation(), None)
-    store = DeliveryStore(pool)
+    store = CommitStore(pool)
     original = _delivery(webhook, agent.endpoint_id, "original")
     first = await store.commit(CommitInput(delivery=original, decision=decision, run_id="run-1"))
     again = original.model_copy(

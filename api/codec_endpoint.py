@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 from temporalio.api.common.v1 import Payloads
 
 from api.errors import error_response
-from switchboard.codec import PayloadKeyError, payload_codec
+from switchboard.payload_codec import PayloadKeyError, payload_codec
 from switchboard.settings import Settings
 
 # A sealed 1 MB body is about 1.4 MB of base64 in a request; a page of the UI asks for many payloads at once.

@@ -14,10 +14,10 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from api.codec import COOKIE
+from api.codec_endpoint import COOKIE
 from routing.delivery import DeliveryInput, workflow_id_for
 from store.db import open_pool
-from switchboard.codec import ENCODING
+from switchboard.payload_codec import ENCODING
 from switchboard.temporal import data_converter
 from tests.conftest import Stack, running_stack
 from tests.helpers import eventually, issue_payload, post_github

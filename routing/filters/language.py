@@ -5,7 +5,7 @@ A model turns an owner's sentence into one of three answers (a tagged union, ``A
 and an action), a ``schedule`` (cron + timezone, for create_schedule) or ``unsupported`` (the sentence
 does not compile, with the model's reason). Switchboard, not the model, then writes the jq: ``to_jq`` is
 pure and deterministic, quoting every path segment and value as JSON, and ``matches`` is the same
-semantics in Python (the property tests hold the two together).
+semantics in Python is the tests' oracle (the property tests hold the two together).
 
 Semantics (the same in both):
   * A path is a list of object keys from the envelope's root, written ``.payload.issue["html-url"]``.
@@ -19,15 +19,17 @@ Semantics (the same in both):
   * ``all`` / ``any`` / ``not`` combine conditions; ``kinds`` (when not empty) requires the envelope's
     ``.kind`` to be one of them.
 
-This module only imports the standard library and pydantic: the verb (api/verbs/compile.py) grounds,
-asks and validates; routing.rules validates the compiled rule exactly as a save.
+This module (the language) and its siblings (the compiler to jq, the grounding of the prompt) import only the
+standard library and pydantic: the verb (api/verbs/rule_compiler.py) grounds, asks and validates; routing.rules
+validates the compiled rule exactly as a save. The same semantics in Python, the oracle the property tests hold the
+jq to, is tests/routing/filter_oracle.py.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
@@ -284,80 +286,6 @@ def ungrounded(answer: FilterAnswer, grounded: set[str]) -> list[str]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------------
-# Compiling to jq, and the same semantics in Python
-# ---------------------------------------------------------------------------------------------------
-
-# The one traversal every path condition uses: a recursive def over the path's keys as a JSON array, so a
-# key is only ever a JSON string literal (never spliced as jq code). Its name starts with one underscore:
-# the sandbox reserves "__" names, and a rule's own def shadows nothing the rule does not call.
-_PRELUDE = (
-    "def _sb_at($p): if ($p | length) == 0 then (., (arrays | .[])) else"
-    ' (if type == "object" then (select(has($p[0])) | .[$p[0]])'
-    ' elif type == "array" then (.[] | objects | select(has($p[0])) | .[$p[0]])'
-    " else empty end) | _sb_at($p[1:]) end; "
-)
-
-
-def _literal(value: Any) -> str:
-    # JSON is jq literal syntax; ASCII escapes keep every byte of the expression printable, and json.dumps
-    # escapes backslashes, so no "\(" interpolation can appear.
-    return json.dumps(value, ensure_ascii=True, allow_nan=False)
-
-
-def _cond_jq(cond: Condition) -> str:
-    if isinstance(cond, Eq | In | Exists):
-        at = f"_sb_at({_literal(list(parse_path(cond.path)))})"
-        if isinstance(cond, Eq):
-            return f"any({at}; . == {_literal(cond.value)})"
-        if isinstance(cond, In):
-            return f"any({at}; IN({', '.join(_literal(v) for v in cond.values)}))"
-        return f"any({at}; . != null)"
-    if isinstance(cond, AllOf):
-        return "(" + " and ".join(_cond_jq(sub) for sub in cond.of) + ")"
-    if isinstance(cond, AnyOf):
-        return "(" + " or ".join(_cond_jq(sub) for sub in cond.of) + ")"
-    return f"({_cond_jq(cond.of)} | not)"
-
-
-def to_jq(answer: FilterAnswer) -> str:
-    """The rule expression of a filter: one boolean output, true exactly when ``matches`` is true."""
-    parts = []
-    if answer.kinds:
-        parts.append(f"(.kind | IN({', '.join(_literal(k) for k in answer.kinds)}))")
-    if answer.where is not None:
-        parts.append(_cond_jq(answer.where))
-    body = " and ".join(parts) if parts else "true"
-    return (_PRELUDE + body) if answer.where is not None else body
-
-
-def action_of(answer: FilterAnswer) -> dict[str, Any]:
-    """The rule action, in routing.rules' shape."""
-    if isinstance(answer.action, Drop):
-        return {"drop": True}
-    return {"queue": answer.action.queue}
-
-
-def values_at(document: Any, segments: Sequence[str]) -> list[Any]:
-    """The values a path reaches (arrays crossed implicitly), plus the elements of the arrays it reaches."""
-    current = [document]
-    for key in segments:
-        following: list[Any] = []
-        for value in current:
-            if isinstance(value, dict):
-                if key in value:
-                    following.append(value[key])
-            elif isinstance(value, list):
-                following.extend(e[key] for e in value if isinstance(e, dict) and key in e)
-        current = following
-    out: list[Any] = []
-    for value in current:
-        out.append(value)
-        if isinstance(value, list):
-            out.extend(value)
-    return out
-
-
 def json_equal(a: Any, b: Any) -> bool:
     """jq's equality: booleans are not numbers, numbers compare by value, containers deeply."""
     if isinstance(a, bool) or isinstance(b, bool):
@@ -369,162 +297,3 @@ def json_equal(a: Any, b: Any) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and a == b
-
-
-def holds(cond: Condition, envelope: Mapping[str, Any]) -> bool:
-    """The condition on an envelope, in Python."""
-    if isinstance(cond, Eq | In | Exists):
-        found = values_at(envelope, parse_path(cond.path))
-        if isinstance(cond, Eq):
-            return any(json_equal(v, cond.value) for v in found)
-        if isinstance(cond, In):
-            return any(json_equal(v, w) for v in found for w in cond.values)
-        return any(v is not None for v in found)
-    if isinstance(cond, AllOf):
-        return all(holds(sub, envelope) for sub in cond.of)
-    if isinstance(cond, AnyOf):
-        return any(holds(sub, envelope) for sub in cond.of)
-    return not holds(cond.of, envelope)
-
-
-def matches(answer: FilterAnswer, envelope: Mapping[str, Any]) -> bool:
-    """Whether the filter matches an envelope: the Python reading of to_jq's expression."""
-    if answer.kinds and not any(json_equal(envelope.get("kind"), k) for k in answer.kinds):
-        return False
-    return answer.where is None or holds(answer.where, envelope)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Grounding: the paths (and, where allowed, values) that exist in sampled envelopes
-# ---------------------------------------------------------------------------------------------------
-
-MAX_PATHS = 256
-MAX_VALUES_PER_PATH = 8
-MAX_VALUE_CHARS = 80
-# Switchboard derives these top-level fields itself (SPEC-0020 envelope); their values are not the
-# producer's content, so they are always shown. Every other value is shown only when the owner allowed
-# payload egress (the triage configuration's include_payload).
-DERIVED_FIELDS = ("source", "kind", "trust_mode", "verified", "content_type")
-# Constant per webhook, and an identifier: never a routing condition worth offering.
-HIDDEN_FIELDS = frozenset({"webhook_id"})
-
-
-class GroundedPath(BaseModel):
-    """One path that exists in the sample, with example values when they may be shown."""
-
-    path: str
-    values: list[Any] | None = Field(default=None, description="distinct example values; null: withheld")
-
-
-def _walk(value: Any, prefix: tuple[str, ...], out: dict[tuple[str, ...], list[Any]]) -> None:
-    if isinstance(value, dict):
-        for key, sub in value.items():
-            if not isinstance(key, str) or (not prefix and key in HIDDEN_FIELDS):
-                continue
-            path = (*prefix, key)
-            if len(path) > MAX_PATH_SEGMENTS:
-                continue
-            out.setdefault(path, [])
-            _record(out[path], sub)
-            _walk(sub, path, out)
-    elif isinstance(value, list):
-        for element in value:
-            if isinstance(element, dict):
-                _walk(element, prefix, out)
-
-
-def _record(seen: list[Any], value: Any) -> None:
-    for item in value if isinstance(value, list) else [value]:
-        if isinstance(item, dict | list) or len(seen) >= MAX_VALUES_PER_PATH:
-            continue
-        if isinstance(item, str) and len(item) > MAX_VALUE_CHARS:
-            continue  # a cut string would be a value no event has
-        if not any(json_equal(item, s) for s in seen):
-            seen.append(item)
-
-
-def _shown_first(path: tuple[str, ...]) -> tuple[int, bool, str]:
-    # Shallow paths first; the many *_url links of forge payloads last, they rarely route anything.
-    last = path[-1]
-    return len(path), last == "url" or last.endswith("_url"), render_path(path)
-
-
-class Sample:
-    """Paths, example values and kinds accumulated over sampled envelopes, one at a time (bounded memory)."""
-
-    def __init__(self) -> None:
-        self.events = 0
-        self._found: dict[tuple[str, ...], list[Any]] = {}
-        self._kinds: set[str] = set()
-
-    def add(self, envelope: Mapping[str, Any]) -> None:
-        """Take in one envelope's paths, values and kind."""
-        self.events += 1
-        _walk(dict(envelope), (), self._found)
-        kind = envelope.get("kind")
-        if isinstance(kind, str):
-            self._kinds.add(kind)
-
-    def grounded(self, *, values: bool, max_paths: int = MAX_PATHS) -> list[GroundedPath]:
-        """The paths seen (at most ``max_paths``, shallow first), values only as allowed."""
-        chosen = sorted(self._found, key=_shown_first)[:max_paths]
-        out = []
-        for path in chosen:
-            shown = values or (len(path) == 1 and path[0] in DERIVED_FIELDS)
-            out.append(GroundedPath(path=render_path(path), values=list(self._found[path]) if shown else None))
-        return out
-
-    def kinds(self) -> list[str]:
-        """The distinct kinds seen, sorted."""
-        return sorted(self._kinds)
-
-
-def ground(envelopes: Sequence[Mapping[str, Any]], *, values: bool, max_paths: int = MAX_PATHS) -> list[GroundedPath]:
-    """The paths existing in the envelopes (at most ``max_paths``, shallow first), values only as allowed."""
-    sample = Sample()
-    for envelope in envelopes:
-        sample.add(envelope)
-    return sample.grounded(values=values, max_paths=max_paths)
-
-
-# ---------------------------------------------------------------------------------------------------
-# The response schema handed to the provider
-# ---------------------------------------------------------------------------------------------------
-
-
-def _plain(node: Any) -> Any:
-    # Providers' constrained decoders (OpenAI strict mode, llama.cpp grammars) take anyOf, not pydantic's
-    # oneOf + discriminator; the Literal tags still tell the branches apart.
-    if isinstance(node, dict):
-        out = {
-            k: ({name: _plain(sub) for name, sub in v.items()} if k == "properties" else _plain(v))
-            for k, v in node.items()
-            if k not in ("discriminator", "title")
-        }
-        if "oneOf" in out:
-            out["anyOf"] = out.pop("oneOf")
-        return out
-    if isinstance(node, list):
-        return [_plain(v) for v in node]
-    return node
-
-
-def response_schema(paths: Sequence[str], queues: Sequence[str]) -> dict[str, Any]:
-    """Reply's JSON schema with the grounded paths and the granted queues as enums.
-
-    A provider that enforces the schema can then only name paths that exist and queues that are granted;
-    the answer is validated again all the same (parse_reply, ungrounded, the save-time rule validation).
-    """
-    schema: dict[str, Any] = _plain(Reply.model_json_schema())
-    defs = schema["$defs"]
-    for name in ("Eq", "In", "Exists"):
-        prop = defs[name]["properties"]["path"]
-        if paths:
-            prop["enum"] = list(paths)
-    if not paths:
-        # Nothing sampled: a filter can still select kinds, but name no path.
-        defs["FilterAnswer"]["properties"]["where"] = {"type": "null"}
-        for name in ("Eq", "In", "Exists", "AllOf", "AnyOf", "Not"):
-            defs.pop(name)
-    defs["QueueTo"]["properties"]["queue"]["enum"] = list(queues)
-    return schema

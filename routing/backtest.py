@@ -1,7 +1,7 @@
-"""Replaying deliveries through the router without writing: the dry-run, the backtest and (next) re-route.
+"""Deliveries routed again without writing anything: the dry-run, the backtest, and the check of a rule save.
 
-The pure parts of a replay: the configuration to try, the envelope of a sample or stored delivery, what a
-stored event's outcome was and what the candidate configuration decides, whether they differ, which rule
+Not Temporal's replay of a workflow history (that is tests/workflows/replay.py). The pure parts: the
+configuration to try, the envelope of a sample or stored delivery, what a stored event's outcome was and what the candidate configuration decides, whether they differ, which rule
 (or default cause) decided, and the once-key simulation across a replayed window. Routing itself is
 routing.router's; the reads are the store's (store.events), behind ``History``.
 """

@@ -180,7 +180,7 @@ def _traced(trace: dict[str, Any], d: DeliveryInput) -> dict[str, Any]:
     return trace
 
 
-class DeliveryStore:
+class CommitStore:
     """Writes the outcome of routing; idempotent, so Temporal may retry it freely."""
 
     def __init__(self, pool: Pool) -> None:

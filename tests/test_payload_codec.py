@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 from temporalio.api.common.v1 import Payload
 
-from switchboard.codec import ENCODING, KEY_ID, AESGCMCodec, PayloadKeyError, key_id, payload_codec
+from switchboard.payload_codec import ENCODING, KEY_ID, AESGCMCodec, PayloadKeyError, key_id, payload_codec
 from switchboard.settings import Settings
 
 PLAIN = Payload(metadata={"encoding": b"json/plain"}, data=b'{"body_json": {"secret": "s3cr3t"}}')
