@@ -100,7 +100,7 @@ def build_worker(
     schedules = ScheduleActivities(stores.schedules)
     reroute = RerouteActivities(stores.events)
     triage = TriageActivities(stores.llm, lambda: llm_ceilings(settings))
-    reconcile = ReconcileActivities(stores.reconcilers, client, settings)
+    reconcile = ReconcileActivities(stores.reconcile_ledger, client, settings)
     main = Worker(
         client,
         task_queue=queue,
@@ -154,7 +154,7 @@ async def running_worker(
             commit_delay=commit_delay,
             evaluate_delay=evaluate_delay,
         )
-        await sync_schedules(resources.temporal, workers.stores.reconcilers, settings)
+        await sync_schedules(resources.temporal, workers.stores.reconcile_ledger, settings)
         async with (
             workers,
             running_relay(resources.temporal, workers.stores.inbox, workers.stores.commits, settings),

@@ -22,7 +22,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.errors import application_errors
 from routing.delivery import workflow_id_for
-from store.reconcilers import ReconcileJob, ReconcilerStore, Seen, Status, external_id_of, reconcile_schedule_id
+from store.reconcile_ledger import ReconcileJob, ReconcileLedger, Seen, external_id_of
+from store.reconcilers import Status, reconcile_schedule_id
 from switchboard.github import Answer, GitHubHooks, HookScope
 from switchboard.metrics import RECONCILE_CALLS, RECONCILE_RUNS, record_reconcile
 from switchboard.settings import Settings
@@ -144,8 +145,8 @@ def _store_status(outcome: str) -> Status:
 class ReconcileActivities:
     """Constructed once in the worker with the reconciler store, the Temporal client and the settings."""
 
-    def __init__(self, reconcilers: ReconcilerStore, temporal: Client, settings: Settings) -> None:
-        self.reconcilers = reconcilers
+    def __init__(self, ledger: ReconcileLedger, temporal: Client, settings: Settings) -> None:
+        self.ledger = ledger
         self.temporal = temporal
         self.settings = settings
 
@@ -157,7 +158,7 @@ class ReconcileActivities:
         """
         if not guids:
             return set()
-        held = await self.reconcilers.present(webhook_id, guids)
+        held = await self.ledger.present(webhook_id, guids)
         running: set[str] = set()
         rest = [g for g in guids if g not in held]
         for guid in rest:
@@ -174,19 +175,19 @@ class ReconcileActivities:
                 running.add(guid)
         later = [g for g in rest if g not in running]
         if later:
-            held |= await self.reconcilers.present(webhook_id, later)
+            held |= await self.ledger.present(webhook_id, later)
         return held | running
 
     async def _confirm(self, webhook_id: str) -> int:
         """Requested redeliveries that reached Switchboard since: arrived."""
-        requested = await self.reconcilers.open_requests(webhook_id)
-        arrived = await self.reconcilers.arrived(webhook_id, await self._holds(webhook_id, requested))
+        requested = await self.ledger.open_requests(webhook_id)
+        arrived = await self.ledger.arrived(webhook_id, await self._holds(webhook_id, requested))
         record_reconcile("arrived", arrived)
         return arrived
 
     async def _backoff(self, webhook_id: str, status: Status, detail: str, wait: float | None) -> None:
         until = datetime.now(UTC) + timedelta(seconds=wait) if wait else None
-        await self.reconcilers.set_status(webhook_id, status, detail, backoff_until=until)
+        await self.ledger.set_status(webhook_id, status, detail, backoff_until=until)
 
     def _hooks(self, job: ReconcileJob) -> GitHubHooks:
         assert job.token is not None
@@ -196,12 +197,12 @@ class ReconcileActivities:
     @application_errors
     async def begin(self, data: ReconcileInput) -> Begun:
         """Decide whether the run goes ahead; settle what arrived or aged out since the last run."""
-        job = await self.reconcilers.job(data.webhook_id)
+        job = await self.ledger.job(data.webhook_id)
         if job is None:
-            if not await self.reconcilers.webhook_live(data.webhook_id):
+            if not await self.ledger.webhook_live(data.webhook_id):
                 # The webhook was deleted (its reconciler went with it): so does the schedule that started this
                 # run. A reconciler cleared by its owner lost its schedule in clear_webhook_reconciler already.
-                await self.reconcilers.forget(data.webhook_id)
+                await self.ledger.forget(data.webhook_id)
                 with contextlib.suppress(RPCError):
                     await self.temporal.get_schedule_handle(reconcile_schedule_id(data.webhook_id)).delete()
             RECONCILE_RUNS.labels(status="gone").inc()
@@ -212,12 +213,12 @@ class ReconcileActivities:
             return Begun(status="disabled", scope=scope, detail="reconciliation is off (SWITCHBOARD_RECONCILE=false)")
         if job.token is None:
             detail = "the token does not open with this server's key: set it again (set_webhook_reconciler)"
-            await self.reconcilers.set_status(data.webhook_id, "error", detail)
+            await self.ledger.set_status(data.webhook_id, "error", detail)
             return Begun(status="error", scope=scope, detail=detail)
-        given_up = await self.reconcilers.expire(data.webhook_id, job.lookback_hours)
+        given_up = await self.ledger.expire(data.webhook_id, job.lookback_hours)
         record_reconcile("given_up", given_up)
         arrived = await self._confirm(data.webhook_id)
-        await self.reconcilers.revive(data.webhook_id, job.interval_seconds)
+        await self.ledger.revive(data.webhook_id, job.interval_seconds)
         wait = None
         if job.backoff_until is not None:
             left = (job.backoff_until - datetime.now(UTC)).total_seconds()
@@ -245,7 +246,7 @@ class ReconcileActivities:
         The scan goes from the newest attempt down to the checkpoint (or the lookback); the page's place is saved
         with what it found, so a scan cut short (page limit, a crash, a rate limit) continues where it stopped.
         """
-        job = await self.reconcilers.job(data.webhook_id)
+        job = await self.ledger.job(data.webhook_id)
         if job is None or job.token is None:
             return PageResult(outcome="error", detail="the reconciler is gone or its token does not open")
         resumed = job.scan_cursor is not None
@@ -255,7 +256,7 @@ class ReconcileActivities:
         if page.outcome != "ok":
             if resumed and page.outcome == "refused":
                 # GitHub no longer takes the saved cursor: the next run scans from the newest page again.
-                await self.reconcilers.reset_scan(data.webhook_id)
+                await self.ledger.reset_scan(data.webhook_id)
             await self._backoff(data.webhook_id, _store_status(page.outcome), page.detail, page.wait_seconds)
             return PageResult(
                 outcome=page.outcome,
@@ -280,7 +281,7 @@ class ReconcileActivities:
         else:
             checkpoint = (job.checkpoint_id, top, page.next_cursor)
         held = await self._holds(data.webhook_id, sorted({s.guid for s in seen}))
-        examined = await self.reconcilers.examine(data.webhook_id, seen, held, checkpoint=checkpoint)
+        examined = await self.ledger.examine(data.webhook_id, seen, held, checkpoint=checkpoint)
         record_reconcile("seen", len(seen))
         record_reconcile("missing", examined.missing)
         record_reconcile("arrived", examined.arrived)
@@ -311,10 +312,10 @@ class ReconcileActivities:
         redeliver (e.g. past its window) is given up.
         """
         run_id = _run_id()
-        job = await self.reconcilers.job(data.webhook_id)
+        job = await self.ledger.job(data.webhook_id)
         if job is None or job.token is None:
             return RedeliverResult(outcome="error", detail="the reconciler is gone or its token does not open")
-        due = await self.reconcilers.due(data.webhook_id, run_id, data.limit)
+        due = await self.ledger.due(data.webhook_id, run_id, data.limit)
         out = RedeliverResult(outcome="ok", left=len(due) == data.limit)
         if not due:
             return out
@@ -324,10 +325,10 @@ class ReconcileActivities:
             for n, item in enumerate(due):
                 activity.heartbeat(n)
                 if item.guid in held:
-                    await self.reconcilers.drop_present(data.webhook_id, item.guid)
+                    await self.ledger.drop_present(data.webhook_id, item.guid)
                     out.present += 1
                     continue
-                if not await self.reconcilers.mark_requested(data.webhook_id, item, run_id):
+                if not await self.ledger.mark_requested(data.webhook_id, item, run_id):
                     continue
                 answer = await hooks.redeliver(item.attempt_id)
                 RECONCILE_CALLS.labels(call="redeliver", outcome=answer.outcome).inc()
@@ -336,12 +337,12 @@ class ReconcileActivities:
                     record_reconcile("requested")
                 elif answer.outcome == "refused":
                     # Not a redelivery GitHub will make: counted as given up, never as requested.
-                    await self.reconcilers.unmark(data.webhook_id, item)
-                    await self.reconcilers.give_up(data.webhook_id, item.guid, answer.detail)
+                    await self.ledger.unmark(data.webhook_id, item)
+                    await self.ledger.give_up(data.webhook_id, item.guid, answer.detail)
                     record_reconcile("given_up")
                     out.refused += 1
                 else:
-                    await self.reconcilers.unmark(data.webhook_id, item)
+                    await self.ledger.unmark(data.webhook_id, item)
                     return await self._stopped(data.webhook_id, out, answer)
                 if answer.wait_seconds:
                     return await self._stopped(data.webhook_id, out, answer)
@@ -371,7 +372,7 @@ class ReconcileActivities:
         arrived = await self._confirm(data.webhook_id)
         counts = result.model_dump(mode="json", exclude={"status", "detail"})
         counts["arrived"] = result.arrived + arrived
-        await self.reconcilers.finish(
+        await self.ledger.finish(
             data.webhook_id,
             _run_id(),
             _store_status(result.status),
@@ -379,7 +380,7 @@ class ReconcileActivities:
             counts,
         )
         RECONCILE_RUNS.labels(status=result.status).inc()
-        awaiting = await self.reconcilers.open_requests(data.webhook_id)
+        awaiting = await self.ledger.open_requests(data.webhook_id)
         log.log(
             logging.INFO if result.status == "ok" else logging.WARNING,
             "reconciler run ended: %s",

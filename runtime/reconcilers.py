@@ -23,7 +23,8 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.reconcile import ReconcileInput
-from store.reconcilers import RECONCILE_SOURCE, ReconcilerStore, ScheduleEntry
+from store.reconcile_ledger import ReconcileLedger, ScheduleEntry
+from store.reconcilers import RECONCILE_SOURCE
 from switchboard.settings import Settings
 from workflows import search
 
@@ -87,7 +88,7 @@ async def remove_schedule(client: Client, schedule_id: str) -> None:
             raise
 
 
-async def sync_schedules(client: Client, reconcilers: ReconcilerStore, settings: Settings) -> None:
+async def sync_schedules(client: Client, ledger: ReconcileLedger, settings: Settings) -> None:
     """At worker start: every reconciler has its schedule, paused or running as SWITCHBOARD_RECONCILE says.
 
     A schedule lost in Temporal (deleted by hand, a new namespace) is made again; with the switch off every one is
@@ -95,7 +96,7 @@ async def sync_schedules(client: Client, reconcilers: ReconcilerStore, settings:
     not stop a worker.
     """
     try:
-        entries = await reconcilers.schedules()
+        entries = await ledger.schedules()
     except Exception:
         log.exception("could not read the reconcilers to sync their schedules")
         return

@@ -34,6 +34,7 @@ from store.health import HealthProbe
 from store.identity import IdentityStore
 from store.inbox import InboxStore
 from store.llm import Ceilings, LlmStore
+from store.reconcile_ledger import ReconcileLedger
 from store.reconcilers import Limits, ReconcilerStore
 from store.routes import RouteStore
 from store.rules import RuleStore
@@ -67,6 +68,7 @@ class Stores:
     doorbell: DoorbellStore
     llm: LlmStore
     reconcilers: ReconcilerStore
+    reconcile_ledger: ReconcileLedger
 
 
 def secret_box(settings: Settings) -> SecretBox:
@@ -94,6 +96,7 @@ def build_stores(pool: Pool, settings: Settings) -> Stores:
         doorbell=DoorbellStore(pool),
         llm=LlmStore(pool, box, webhooks),
         reconcilers=ReconcilerStore(pool, box, webhooks),
+        reconcile_ledger=ReconcileLedger(pool, box),
     )
 
 

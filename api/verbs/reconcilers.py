@@ -22,13 +22,13 @@ from api.verbs.schedules import Unavailable
 from runtime.reconcilers import put_schedule, remove_schedule
 from runtime.root import reconcile_limits
 from store.errors import InvalidArgument
+from store.reconcile_ledger import ScheduleEntry
 from store.reconcilers import (
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_LOOKBACK_HOURS,
     LOOKBACK_MAX_HOURS,
     ReconcilerSetting,
     ReconcilerView,
-    ScheduleEntry,
     ScopeKind,
     Totals,
     schedule_summary,

@@ -10,6 +10,7 @@ import pytest
 from temporalio.service import RPCError
 
 from runtime.reconcilers import PAUSED_NOTE, sync_schedules
+from store.reconcile_ledger import ReconcileLedger
 from tests.conftest import Agent, Stack
 from tests.test_cli import run_agent
 from tests.workflows.test_reconcile import TOKEN
@@ -163,12 +164,13 @@ async def test_the_operator_switch_pauses_every_schedule_and_lifts_only_its_own_
     assert out["enabled"] is False
     schedule_id = out["reconciler"]["temporal_schedule_id"]
     assert (await schedule_of(stack, schedule_id)).schedule.state.paused is True
-    reconcilers = stack.app.state.services.reconcilers
+    owners = stack.app.state.services.reconcilers
+    ledger = ReconcileLedger(owners.pool, owners.box)  # what a worker reads its schedules from
     stack.settings.reconcile = True
-    await sync_schedules(stack.temporal, reconcilers, stack.settings)  # a worker starting with the switch on
+    await sync_schedules(stack.temporal, ledger, stack.settings)  # a worker starting with the switch on
     assert (await schedule_of(stack, schedule_id)).schedule.state.paused is False
     stack.settings.reconcile = False
-    await sync_schedules(stack.temporal, reconcilers, stack.settings)
+    await sync_schedules(stack.temporal, ledger, stack.settings)
     state = (await schedule_of(stack, schedule_id)).schedule.state
     assert (state.paused, state.note) == (True, PAUSED_NOTE)
     # A pause an operator set by hand stays when the switch comes back on.
@@ -176,11 +178,11 @@ async def test_the_operator_switch_pauses_every_schedule_and_lifts_only_its_own_
     await handle.unpause()
     await handle.pause(note="held by hand")
     stack.settings.reconcile = True
-    await sync_schedules(stack.temporal, reconcilers, stack.settings)
+    await sync_schedules(stack.temporal, ledger, stack.settings)
     assert (await schedule_of(stack, schedule_id)).schedule.state.paused is True
     # A schedule lost in Temporal is made again.
     await handle.delete()
-    await sync_schedules(stack.temporal, reconcilers, stack.settings)
+    await sync_schedules(stack.temporal, ledger, stack.settings)
     assert [i.every.total_seconds() for i in (await schedule_of(stack, schedule_id)).schedule.spec.intervals] == [600]
 
 
