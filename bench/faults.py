@@ -6,11 +6,14 @@ Real processes on one machine: embedded PostgreSQL, the Temporal dev server, `sw
 (10 ids × 50 concurrent posts), and the scale-out shape (2 APIs + 2 workers, one of each SIGKILLed, an SSE
 client on each API), and the API stopped 30 s while a fake GitHub sends, then the webhook's reconciler has GitHub
 redeliver what was refused (reconcile). Client bounds: 5,000 slow connections (1,000 from one address), 100
-producers hanging up mid-body, hostile stored bodies, hostile verb calls, each row with its bound measured and
-checked. Target: lost 0, doubled 0 and stranded 0 on every row, every bound held; 503 only while Temporal and
-PostgreSQL are both down.
+producers hanging up mid-body, hostile stored bodies, hostile verb calls; stalls: 1 MiB text bodies of what grows
+most when escaped as JSON, from three tenants, then poison rows in the inbox among another tenant's waiting
+deliveries (textbodies), and PostgreSQL frozen (SIGSTOP) 20 s while verbs and /healthz are probed (pgfreeze); each
+row with its bound measured and checked. Target: lost 0, doubled 0 and stranded 0 on every row, every bound held;
+503 only while PostgreSQL is down or hung (nothing can verify a delivery then).
 
-    python bench/faults.py [--only worker,temporal,freeze,postgres,api,storm,scaleout,reconcile,slow,hangups,bodies,calls]
+    python bench/faults.py [--only worker,temporal,freeze,postgres,api,storm,scaleout,reconcile,slow,hangups,bodies,
+                                   calls,textbodies,pgfreeze]
                            [--kills 20] [--outage 20]
 """
 

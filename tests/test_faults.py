@@ -135,3 +135,19 @@ async def test_stored_hostile_bodies_are_accepted_and_read_back(faults: FaultSta
 
 async def test_hostile_verb_calls_are_refused_before_they_are_applied(faults: FaultStack) -> None:
     assert_bound_held(await run(faults, "calls"))
+
+
+# -- stalls (issue 29, findings 1 and 2): nothing one tenant sends, and no hung database, holds anyone else ---------
+
+
+async def test_hostile_text_bodies_become_events_and_poison_rows_never_hold_other_tenants(faults: FaultStack) -> None:
+    assert_bound_held(await run(faults, "textbodies"))
+
+
+async def test_a_frozen_postgres_answers_within_its_bounds_and_recovers_without_a_restart(faults: FaultStack) -> None:
+    out = await run(faults, "pgfreeze")
+    assert_nothing_lost_or_doubled(out)
+    assert out.stranded == 0, out.details()
+    # Nothing can be verified while PostgreSQL hangs: ingest answers 503 then (within its bound, in bound_held).
+    assert out.unavailable > 0, out.details()
+    assert out.bound_held is True, out.details()

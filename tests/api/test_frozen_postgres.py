@@ -9,12 +9,9 @@ once the server thaws, everything answers again by itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import time
 import uuid
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from pathlib import Path
 
 import httpx
@@ -24,34 +21,10 @@ from api.app import create_app
 from cli.embedded import start_postgres
 from store.db import migrate
 from tests.conftest import Stack, make_settings
+from tests.faults.processes import frozen_postgres
 from tests.helpers import eventually, issue_payload, post_github
 
 STATEMENT_TIMEOUT = 1.0
-
-
-def postgres_pids(data_dir: Path) -> list[int]:
-    """The postmaster (from its pid file) and every process it forked."""
-    postmaster = int((data_dir / "postmaster.pid").read_text().split()[0])
-    pids = [postmaster]
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                # Field 4 of /proc/<pid>/stat is the parent pid; the command may hold spaces, so split after ')'.
-                if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == postmaster:
-                    pids.append(int(proc.name))
-    return pids
-
-
-@contextlib.contextmanager
-def frozen(pids: list[int]) -> Iterator[None]:
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
 
 
 async def timed(call: Awaitable[httpx.Response]) -> tuple[httpx.Response, float]:
@@ -82,7 +55,8 @@ async def test_a_frozen_postgres_answers_503_within_the_documented_bounds_then_r
             admin = {"Authorization": f"Bearer {settings.admin_token}"}
             verb_bound = settings.db_pool_timeout + STATEMENT_TIMEOUT
 
-            with frozen(postgres_pids(data_dir)):
+            assert server.proc is not None
+            with frozen_postgres(server.proc.pid):
                 resp, took = await timed(post_github(http, webhook, issue_payload(), delivery="frozen-1"))
                 assert resp.status_code == 503, resp.text
                 assert took < 2.0, took

@@ -38,7 +38,7 @@ BOUND = Settings.model_fields
 HEALTH_ADDRESS = "127.0.0.3"  # the orchestrator's health checks come from here, never from a flooding address
 
 
-def _metric(text: str, name: str, labels: dict[str, str] | None = None) -> float:
+def metric(text: str, name: str, labels: dict[str, str] | None = None) -> float:
     """The sum of a metric's samples in a Prometheus text page whose labels include `labels`."""
     total = 0.0
     for family in text_string_to_metric_families(text):
@@ -48,7 +48,7 @@ def _metric(text: str, name: str, labels: dict[str, str] | None = None) -> float
     return total
 
 
-async def _scrape(base: str) -> str:
+async def scrape(base: str) -> str:
     async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(local_address=HEALTH_ADDRESS)) as http:
         return (await http.get(f"{base}/metrics", timeout=10)).text
 
@@ -68,7 +68,7 @@ def _code(resp: httpx.Response) -> str:
         return "not JSON"
 
 
-def _log_from(path: Path, offset: int) -> list[str]:
+def log_lines(path: Path, offset: int) -> list[str]:
     with path.open("rb") as f:
         f.seek(offset)
         return f.read().decode("utf-8", "replace").splitlines()
@@ -167,7 +167,7 @@ async def slow_clients(stack: FaultStack, counts: Counts) -> Outcome:
                     status: int | None = (await http.get(f"{base}/healthz")).status_code
                     took = time.perf_counter() - t0
                     page = (await http.get(f"{base}/metrics")).text
-                    open_max = max(open_max, _metric(page, "switchboard_http_connections"))
+                    open_max = max(open_max, metric(page, "switchboard_http_connections"))
                 except httpx.HTTPError:
                     status, took = None, time.perf_counter() - t0
                 health.append((status, took))
@@ -213,7 +213,7 @@ async def slow_clients(stack: FaultStack, counts: Counts) -> Outcome:
     healthy = sum(1 for status, _ in health if status == 200)
     slowest_health = max((took for _, took in health), default=0.0)
     longest = max((c.life for c in clients if c.life is not None), default=0.0)
-    lines = _log_from(api.log, offset)
+    lines = log_lines(api.log, offset)
     exhausted = sum("out of system resource" in line for line in lines)
     served = []
     for line in lines:
@@ -247,7 +247,7 @@ async def producer_hangups(stack: FaultStack, counts: Counts) -> Outcome:
     port, base = stack.api_ports[api.name], stack.base(api)
     log = api.log
     offset = log.stat().st_size
-    before = await _scrape(base)
+    before = await scrape(base)
 
     async def fault(load: Load) -> list[tuple[float, float]]:
         began = time.time()
@@ -272,13 +272,13 @@ async def producer_hangups(stack: FaultStack, counts: Counts) -> Outcome:
         return [(began, time.time())]
 
     out = await under_load(stack, hook, counts, f"producers hang up ×{counts.hangups}", fault)
-    after = await _scrape(base)
+    after = await scrape(base)
 
     def delta(status: str) -> int:
         name, labels = "switchboard_ingest_requests_total", {"status": status}
-        return round(_metric(after, name, labels) - _metric(before, name, labels))
+        return round(metric(after, name, labels) - metric(before, name, labels))
 
-    lines = _log_from(log, offset)
+    lines = log_lines(log, offset)
     errors = non_json = 0
     for line in lines:
         try:

@@ -17,6 +17,7 @@ from tests.faults.scenarios import (
     worker_kills,
 )
 from tests.faults.stack import FaultStack
+from tests.faults.stalls import hostile_text_bodies, postgres_frozen
 from tests.faults.tally import Outcome
 
 SCENARIOS: dict[str, Callable[[FaultStack, Counts], Awaitable[Outcome]]] = {
@@ -31,5 +32,7 @@ SCENARIOS: dict[str, Callable[[FaultStack, Counts], Awaitable[Outcome]]] = {
     "hangups": producer_hangups,
     "bodies": hostile_bodies,
     "calls": hostile_calls,
+    "textbodies": hostile_text_bodies,
+    "pgfreeze": postgres_frozen,
     "reconcile": api_down_then_reconcile,
 }

@@ -26,6 +26,8 @@ class Counts:
     slow_nofile: int | None = 3000  # the API's descriptor limit during the slow-clients row (None: unchanged)
     hangups: int = 100  # producers hanging up mid-body
     hostile_rounds: int = 5  # each hostile body delivered this many times (fresh delivery ids)
+    text_rounds: int = 2  # each tenant of the text-bodies row sends each 1 MiB body this many times
+    inbox_wait: float = 10.0  # the text-bodies row: Temporal stopped this long while poison rows wait among others
 
 
 FULL = Counts()
@@ -44,4 +46,6 @@ SMALL = Counts(
     slow_nofile=None,
     hangups=10,
     hostile_rounds=1,
+    text_rounds=1,
+    inbox_wait=3.0,
 )

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -103,6 +104,35 @@ class Proc:
 
     def thaw(self) -> None:
         self.signal(signal.SIGCONT)
+
+
+def children_of(pid: int) -> list[int]:
+    """Every process whose parent is ``pid`` (from /proc)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                # Field 4 of /proc/<pid>/stat is the parent pid; the command may hold spaces, so split after ')'.
+                if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(proc.name))
+    return found
+
+
+@contextlib.contextmanager
+def frozen_postgres(postmaster: int) -> Iterator[list[int]]:
+    """A hung PostgreSQL for the block: the postmaster and every process it forked SIGSTOPped (connections are
+    neither answered nor refused), all of them SIGCONTinued when the block ends; yields their pids."""
+    os.kill(postmaster, signal.SIGSTOP)  # first: a stopped postmaster forks no one after the list is taken
+    pids = [postmaster, *children_of(postmaster)]
+    try:
+        for pid in pids[1:]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        yield pids
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
 
 class Postgres:

@@ -47,9 +47,17 @@ def issue_body(n: int, delivery: str) -> bytes:
     ).encode()
 
 
-async def post_delivery(http: httpx.AsyncClient, base: str, api: int, hook: Hook, delivery: str, body: bytes) -> Answer:
+async def post_delivery(
+    http: httpx.AsyncClient,
+    base: str,
+    api: int,
+    hook: Hook,
+    delivery: str,
+    body: bytes,
+    content_type: str = "application/json",
+) -> Answer:
     """One signed GitHub `issues` delivery; never retried."""
-    headers = {"X-GitHub-Event": "issues", "X-GitHub-Delivery": delivery, "Content-Type": "application/json"}
+    headers = {"X-GitHub-Event": "issues", "X-GitHub-Delivery": delivery, "Content-Type": content_type}
     headers.update(sign_github(hook.secret, body))
     started, t0 = time.time(), time.perf_counter()
     try:

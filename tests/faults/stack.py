@@ -233,6 +233,13 @@ class FaultStack:
         """Whether the accept-first inbox (migration delivery_inbox) is in this code."""
         return bool(self.sql("SELECT to_regclass('delivery_inbox') IS NOT NULL")[0][0])
 
+    def has_inbox_parking(self) -> bool:
+        """Whether inbox rows are isolated and parked (migration inbox_parking: delivery_inbox.parked_at)."""
+        found = self.sql(
+            "SELECT 1 FROM information_schema.columns WHERE table_name = 'delivery_inbox' AND column_name = 'parked_at'"
+        )
+        return bool(found)
+
     def has_shared_doorbell(self) -> bool:
         """Whether rings are claimed once across processes (todos.rung_at)."""
         found = self.sql(
