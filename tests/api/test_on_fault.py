@@ -270,7 +270,7 @@ async def test_fleet_fails_closed_when_the_author_gate_faults(stack: Stack) -> N
 
 
 async def test_pool_review_fails_closed_when_the_own_pr_gate_faults(stack: Stack) -> None:
-    from cli.main import load_pack
+    from cli.packs import load_pack
 
     agent = await stack.agent(queues=["review"])
     webhook = await agent.ok("create_webhook", {"source_type": "github", "target_queue": "review"})

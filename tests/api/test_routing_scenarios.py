@@ -439,7 +439,7 @@ FLEET_PARAMS = [
 
 
 async def fleet(stack: Stack, source_type: str) -> tuple[Agent, dict[str, Any], dict[str, Agent]]:
-    from cli.main import load_pack
+    from cli.packs import load_pack
 
     human = await stack.human()
     router = await stack.agent(human, queues=["work"], webhook_queues=["work", *FLEET_LANES])
@@ -545,7 +545,7 @@ async def test_fleet_issue_lanes_relabels_and_unverified_deliveries(stack: Stack
 
 
 async def test_pool_review_reaches_only_the_requested_identity(stack: Stack) -> None:
-    from cli.main import load_pack
+    from cli.packs import load_pack
 
     pools: dict[str, tuple[Agent, dict[str, Any]]] = {}
     for identity in ("joestump", "joestump-agent", ""):

@@ -459,7 +459,8 @@ async def test_backtest_reports_changed_decisions_and_persists_nothing(stack: St
 
 
 def test_pack_install_body_from_shipped_packs_and_params() -> None:
-    from cli.main import build_parser, load_pack
+    from cli.main import build_parser
+    from cli.packs import load_pack
 
     fleet = load_pack("fleet")
     shipped = json.loads((Path(__file__).resolve().parents[2] / "docs/routing/rule-packs/fleet.json").read_text())
@@ -481,7 +482,7 @@ def test_pack_install_body_from_shipped_packs_and_params() -> None:
 
 
 async def test_pool_review_pack_installs_with_one_call(stack: Stack, tmp_path: Path) -> None:
-    from cli.main import load_pack
+    from cli.packs import load_pack
 
     agent = await stack.agent()
     webhook = await _webhook(agent)

@@ -726,7 +726,7 @@ STARTER = json.loads((PACKS / "starter.json").read_text())
 
 def starter_rules(queues: dict[str, str] | None = None) -> dict[str, Any]:
     """The pack as `switchboard rules install --pack starter [--queue NAME=QUEUE …]` sends it."""
-    from cli.main import load_pack
+    from cli.packs import load_pack
 
     return load_pack("starter", queues=[f"{k}={v}" for k, v in (queues or {}).items()])
 
@@ -764,13 +764,13 @@ def test_starter_installs_on_a_single_work_queue_and_on_mapped_queues() -> None:
     mapped = starter_rules({"bugs": "bugs", "triage": "inbox"})
     queues = {r["id"]: r["action"].get("queue") for r in mapped["rules"]}
     assert (queues["bug"], queues["feature"], queues["new-issue"]) == ("bugs", "work", "inbox")
-    # Mapped onto queues the endpoint lacks, the save refuses it: the CLI names them first (cli/main.py).
+    # Mapped onto queues the endpoint lacks, the save refuses it: the CLI names them first (cli/main.py `_check_granted`).
     with pytest.raises(RuleValidationError) as info:
         validate_rules(mapped["rules"], mapped["default_action"], mapped["params"], starter_grant(["work"], mapped))
     assert info.value.code == "not_granted"
     with pytest.raises(ValueError, match="the pack's queues are bugs, features, questions, triage"):
         starter_rules({"lanes": "work"})
-    from cli.main import load_pack
+    from cli.packs import load_pack
 
     with pytest.raises(ValueError, match="names its queues itself"):
         load_pack("fleet", queues=["hold=work"])
