@@ -42,15 +42,11 @@ from routing.reroute import (
     RerouteProgress,
     RerouteResult,
     plan,
-    release_input,
-    release_workflow_id,
     reroute_input,
     result_of,
 )
 from routing.router import evaluator
-from routing.trust import Release
 from store.errors import Conflict, DomainError, NotFound
-from store.events import Review
 from workflows import search
 from workflows.reroute import (
     PROGRESS_QUERY,
@@ -68,7 +64,7 @@ WAIT_MAX = 60.0
 STARTS_PER_SECOND = 10.0
 WORKFLOW_NOT_FOUND = "unknown re-route"
 
-_WAIT_DOC = "how long to wait for the outcome before answering pending with the workflow_id (get_reroute polls it)"
+WAIT_DOC = "how long to wait for the outcome before answering pending with the workflow_id (get_reroute polls it)"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -79,7 +75,7 @@ _WAIT_DOC = "how long to wait for the outcome before answering pending with the 
 class RerouteEventInput(VerbInput):
     event_id: str = Field(min_length=1, max_length=1000, description="an event of one of your human's webhooks")
     dry_run: StrictBool = Field(default=False, description="answer what re-routing would decide; write nothing")
-    wait_seconds: float = Field(default=WAIT_DEFAULT, ge=0, le=WAIT_MAX, description=_WAIT_DOC)
+    wait_seconds: float = Field(default=WAIT_DEFAULT, ge=0, le=WAIT_MAX, description=WAIT_DOC)
 
 
 class RerouteEventOutput(BaseModel):
@@ -102,7 +98,7 @@ class RerouteEventsVerbInput(VerbInput):
     until: datetime | None = Field(default=None, description="received before this instant")
     limit: int = Field(default=50, ge=1, le=REROUTE_MAX, description="most recent matching deliveries")
     dry_run: StrictBool = Field(default=False, description="answer the plan only; write nothing")
-    wait_seconds: float = Field(default=WAIT_DEFAULT, ge=0, le=WAIT_MAX, description=_WAIT_DOC)
+    wait_seconds: float = Field(default=WAIT_DEFAULT, ge=0, le=WAIT_MAX, description=WAIT_DOC)
 
 
 RerouteStatus = Literal["planned", "running", "completed", "failed", "canceled", "terminated", "timed_out"]
@@ -144,13 +140,13 @@ def _utc(at: datetime | None) -> datetime | None:
     return at.replace(tzinfo=UTC) if at is not None and at.tzinfo is None else at
 
 
-def _temporal(ctx: Context) -> Client:
+def temporal_of(ctx: Context) -> Client:
     if ctx.services.temporal is None:
         raise DomainError("Temporal is unavailable, retry later", code="unavailable")
     return ctx.services.temporal
 
 
-async def _grant(ctx: Context, webhook_id: str) -> Grant:
+async def current_grant(ctx: Context, webhook_id: str) -> Grant:
     """The webhook's current grant and configuration; a deleted webhook of the caller's has nothing to route by."""
     try:
         return (await ctx.services.rules.read(ctx.caller, webhook_id)).grant
@@ -160,7 +156,7 @@ async def _grant(ctx: Context, webhook_id: str) -> Grant:
         raise
 
 
-async def _started(start: Any) -> Any:
+async def started(start: Any) -> Any:
     """A Temporal start, its outage answered as unavailable (nothing was re-routed)."""
     try:
         return await start
@@ -214,7 +210,7 @@ _STATUS: dict[WorkflowExecutionStatus, RerouteStatus] = {
 async def reroute_webhook_event(ctx: Context, data: RerouteEventInput) -> RerouteEventOutput:
     history = history_of(ctx)
     original = await history.original_delivery(ctx.caller, data.event_id)
-    grant = await _grant(ctx, original.webhook_id)
+    grant = await current_grant(ctx, original.webhook_id)
     if data.dry_run:
         current = await history.current_events(original.webhook_id, original=original.id)
         planned = await plan(history, grant, current, evaluator(sandbox_of(ctx)))
@@ -226,8 +222,8 @@ async def reroute_webhook_event(ctx: Context, data: RerouteEventInput) -> Rerout
     delivery = reroute_input(original, nonce, evaluate_queue_seconds=settings.evaluate_queue_seconds)
     workflow_id = reroute_workflow_id(original.id, nonce)
     attrs, summary, details = reroute_start(delivery)
-    handle: WorkflowHandle[Any, CommitResult] = await _started(
-        _temporal(ctx).start_workflow(
+    handle: WorkflowHandle[Any, CommitResult] = await started(
+        temporal_of(ctx).start_workflow(
             RouteDelivery.run,
             delivery,
             id=workflow_id,
@@ -266,7 +262,7 @@ async def reroute_webhook_event(ctx: Context, data: RerouteEventInput) -> Rerout
 )
 async def reroute_webhook_events(ctx: Context, data: RerouteEventsVerbInput) -> RerouteEventsOutput:
     history = history_of(ctx)
-    grant = await _grant(ctx, data.webhook_id)
+    grant = await current_grant(ctx, data.webhook_id)
     selected = await history.current_events(
         data.webhook_id,
         disposition=data.disposition,
@@ -296,8 +292,8 @@ async def reroute_webhook_events(ctx: Context, data: RerouteEventsVerbInput) -> 
     attrs = TypedSearchAttributes(
         [SearchAttributePair(search.WEBHOOK_ID, data.webhook_id), SearchAttributePair(search.SOURCE, grant.source)]
     )
-    handle: WorkflowHandle[Any, RerouteProgress] = await _started(
-        _temporal(ctx).start_workflow(
+    handle: WorkflowHandle[Any, RerouteProgress] = await started(
+        temporal_of(ctx).start_workflow(
             RerouteEvents.run,
             RerouteEventsInput(
                 webhook_id=data.webhook_id,
@@ -383,7 +379,7 @@ async def get_reroute(ctx: Context, data: GetRerouteInput) -> GetRerouteOutput:
     # and neither reaches Temporal.
     if not await _owns_reroute(ctx, data.workflow_id):
         raise NotFound(WORKFLOW_NOT_FOUND)
-    client = _temporal(ctx)
+    client = temporal_of(ctx)
     handle: WorkflowHandle[Any, Any] = client.get_workflow_handle(data.workflow_id)
     rpc_timeout = timedelta(seconds=ctx.services.settings.temporal_start_timeout_seconds)
     try:
@@ -418,148 +414,3 @@ async def get_reroute(ctx: Context, data: GetRerouteInput) -> GetRerouteOutput:
         committed = CommitResult.model_validate(await _result(client, data.workflow_id, CommitResult, rpc_timeout))
         out.result = result_of(original, data.workflow_id, committed)
     return out
-
-
-# ---------------------------------------------------------------------------------------------------
-# Quarantine: a person releases a held delivery (routing it again past the gate) or dismisses it
-# ---------------------------------------------------------------------------------------------------
-
-
-class ReviewInput(VerbInput):
-    event_id: str = Field(
-        min_length=1, max_length=1000, description="a quarantined event of one of your human's webhooks"
-    )
-    note: str | None = Field(default=None, max_length=1000, description="why, for the record (shown on the event)")
-
-
-class ReleaseEventInput(ReviewInput):
-    wait_seconds: float = Field(default=WAIT_DEFAULT, ge=0, le=WAIT_MAX, description=_WAIT_DOC)
-
-
-class ReviewOut(BaseModel):
-    """A quarantined event's review as it stands."""
-
-    event_id: str = Field(description="the quarantined event")
-    state: Literal["held", "released", "dismissed"]
-    reason: Literal["untrusted_actor", "rule_action"] = Field(
-        description="why it was held: the trust gate, or a quarantine rule or default"
-    )
-    reviewed_by: str | None = Field(default=None, description='who decided: "endpoint:<id>"')
-    reviewed_at: datetime | None = None
-    note: str | None = None
-    release_event_id: str | None = Field(default=None, description="the event its release routed")
-
-
-class ReleaseEventOutput(BaseModel):
-    review: ReviewOut
-    workflow_id: str | None = Field(
-        default=None, description="the release's RouteDelivery run (search attribute SwitchboardRerouteOf)"
-    )
-    pending: bool = Field(default=False, description="not routed within wait_seconds: poll get_reroute")
-    result: RerouteResult | None = Field(
-        default=None, description="the release's outcome: a second release of the event mints nothing (created 0)"
-    )
-
-
-def _review_out(review: Review) -> ReviewOut:
-    return ReviewOut(
-        event_id=review.event_id,
-        state=review.state,
-        reason=review.reason,
-        reviewed_by=review.reviewed_by,
-        reviewed_at=review.reviewed_at,
-        note=review.note,
-        release_event_id=review.release_event_id,
-    )
-
-
-def _by(ctx: Context) -> str:
-    """Who decides a review through the agent surface: the calling endpoint of the webhook owner's human."""
-    return f"endpoint:{ctx.caller.endpoint_id}"
-
-
-@verb(
-    "release_webhook_event",
-    input=ReleaseEventInput,
-    output=ReleaseEventOutput,
-    family=FAMILY,
-    summary="Release a quarantined event: route it again past the trust gate as a new event (.release set), once.",
-    rate_class="authoring",
-    hints=Hints(idempotent=True),
-    cli=CliCommand(
-        group="events",
-        group_help=EVENTS_HELP,
-        action="release",
-        help="release_webhook_event: route a quarantined event again past the trust gate, once",
-        args=(
-            CliArg("event_id", help="the quarantined event (ev_…)"),
-            CliArg("note", "--note", help="why, for the record"),
-        ),
-    ),
-)
-async def release_webhook_event(ctx: Context, data: ReleaseEventInput) -> ReleaseEventOutput:
-    history = history_of(ctx)
-    original = await history.original_delivery(ctx.caller, data.event_id)
-    await _grant(ctx, original.webhook_id)  # a deleted webhook has nothing to route a release with
-    review = await history.review(ctx.caller, data.event_id, "released", _by(ctx), data.note)
-    assert review.reviewed_by is not None and review.reviewed_at is not None
-    # The release as first recorded, whoever repeats it: a second release is the same delivery in the same slot.
-    at = review.reviewed_at.astimezone(UTC).isoformat()
-    release = Release(by=review.reviewed_by, at=at, event_id=review.event_id)
-    settings = ctx.services.settings
-    delivery = release_input(original, release, evaluate_queue_seconds=settings.evaluate_queue_seconds)
-    workflow_id = release_workflow_id(review.event_id)
-    attrs, summary, details = reroute_start(delivery)
-    handle: WorkflowHandle[Any, CommitResult] = await _started(
-        _temporal(ctx).start_workflow(
-            RouteDelivery.run,
-            delivery,
-            id=workflow_id,
-            task_queue=settings.task_queue,
-            # A run of this release still going is joined; a closed one runs again and finds its event stored.
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            search_attributes=attrs,
-            static_summary=summary,
-            static_details=details,
-            rpc_timeout=timedelta(seconds=settings.temporal_start_timeout_seconds),
-        )
-    )
-    answer = ReleaseEventOutput(review=_review_out(review), workflow_id=workflow_id)
-    try:
-        committed = await asyncio.wait_for(handle.result(), timeout=data.wait_seconds)
-    except TimeoutError:
-        answer.pending = True
-        return answer
-    except WorkflowFailureError as exc:
-        answer.result = RerouteResult(
-            event_id=original.id, workflow_id=workflow_id, status="failed", error=str(exc)[:300]
-        )
-        return answer
-    answer.result = result_of(original.id, workflow_id, committed)
-    if committed.event_id and answer.review.release_event_id is None:
-        answer.review.release_event_id = committed.event_id
-    return answer
-
-
-@verb(
-    "dismiss_webhook_event",
-    input=ReviewInput,
-    output=ReviewOut,
-    family=FAMILY,
-    summary="Dismiss a quarantined event: close it without routing it (a repeat changes nothing).",
-    rate_class="authoring",
-    hints=Hints(idempotent=True),
-    cli=CliCommand(
-        group="events",
-        group_help=EVENTS_HELP,
-        action="dismiss",
-        help="dismiss_webhook_event: close a quarantined event without routing it",
-        args=(
-            CliArg("event_id", help="the quarantined event (ev_…)"),
-            CliArg("note", "--note", help="why, for the record"),
-        ),
-    ),
-)
-async def dismiss_webhook_event(ctx: Context, data: ReviewInput) -> ReviewOut:
-    return _review_out(await history_of(ctx).review(ctx.caller, data.event_id, "dismissed", _by(ctx), data.note))

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field, StrictBool
 
 from activities.triage import ask_model
-from api.verbs.admin import LLM_HELP
+from api.verbs.llm_providers import LLM_HELP
 from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInput, verb
 from api.verbs.rules import FAMILY, WebhookInput, history_of
 from routing.backtest import REPLAY_BATCH
