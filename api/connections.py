@@ -63,7 +63,7 @@ LOG_EVERY_SECONDS = 10.0
 
 @dataclass(frozen=True)
 class ClientBounds:
-    """What one server holds its clients to (README "Limits")."""
+    """What one server holds its clients to (docs/api.md "Limits")."""
 
     head_seconds: float
     body_seconds: float

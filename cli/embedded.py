@@ -81,8 +81,7 @@ def search_attribute_args() -> list[str]:
 
 # Dynamic config every Temporal server Switchboard runs on needs (docs/production.md has the same as a file):
 # fairness keys on task queues, so one endpoint's flood of rule evaluations cannot delay another's; and one
-# partition per task queue, because fairness is kept per partition (measured: with the default four, a
-# second tenant still waited behind much of the flood).
+# partition per task queue, because fairness is kept per partition (bench/README.md).
 TEMPORAL_DYNAMIC_CONFIG: dict[str, str] = {
     "matching.enableFairness": "true",
     "matching.numTaskqueueReadPartitions": "1",
@@ -92,8 +91,7 @@ TEMPORAL_DYNAMIC_CONFIG: dict[str, str] = {
 
 # How the dev server keeps its SQLite file: a write-ahead log, synced at every commit. SQLite's default rollback
 # journal syncs the journal and the database file for each commit; the WAL syncs one file, and is as durable (FULL:
-# a commit the server acknowledged survives a power cut, as before). Measured on the embedded stack (bench/ingest.py,
-# concurrency 8, side by side): the dev server's CPU per delivery fell by about a quarter, and ingest rose by 40-60%.
+# a commit the server acknowledged survives a power cut; bench/README.md has what it buys).
 SQLITE_PRAGMAS: tuple[str, ...] = ("journal_mode=wal", "synchronous=FULL")
 
 

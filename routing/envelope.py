@@ -88,7 +88,7 @@ def parse_payload_checked(body: bytes) -> tuple[Any, bool]:
     None too for a body nested deeper than MAX_JSON_DEPTH (routing/text.py): it routes on `.payload: null` and its
     todos have no jsonb copy, like a body that is not JSON; the event keeps its bytes either way.
 
-    The rule for .payload (README "Routing rules"): each lone surrogate escape (``"\\ud800"``) in a string
+    The rule for .payload (docs/rules.md): each lone surrogate escape (``"\\ud800"``) in a string
     or key becomes U+FFFD, so rules still route on every other field and the envelope stays encodable as
     UTF-8; NUL stays as sent. The raw body is what the event keeps; the todo's jsonb copy is then null.
     """

@@ -29,7 +29,7 @@ from typing import Any
 REPLACEMENT = "\ufffd"
 TRUNCATED = "\u2026"
 
-# Caps for text derived from a delivery (characters unless named bytes). Documented in README "Ingest".
+# Caps for text derived from a delivery (characters unless named bytes). Documented in docs/api.md ("Ingest").
 MAX_KIND_CHARS = 256
 MAX_TITLE_CHARS = 200
 MAX_HEADER_NAME_CHARS = 256
@@ -40,7 +40,7 @@ MAX_DELIVERY_ID_BYTES = 256
 MAX_SUBJECT_CHARS = 256
 MAX_DETAIL_CHARS = 512
 
-# The deepest JSON accepted anywhere, counted in containers (`{"a": [1]}` is 2 deep); README "Limits". No producer
+# The deepest JSON accepted anywhere, counted in containers (`{"a": [1]}` is 2 deep); docs/api.md "Limits". No producer
 # payload or verb argument comes near it (GitHub's nest under 10), while everything a value passes through handles
 # it with room to spare: pydantic parses JSON to about 200 levels and serializes to about 250 (with the models
 # around the value), Python's json to about 1,000, libjq to 10,000, PostgreSQL's jsonb to thousands.

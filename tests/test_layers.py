@@ -1,4 +1,4 @@
-"""The layout table's import rules (README "Architecture"), checked on the source with the AST.
+"""The layout table's import rules (docs/architecture.md "Layers"), checked on the source with the AST.
 
 Each top-level package may import only the layers below it; no two modules import each other, directly or round
 a loop; and no function imports our own code to get round a cycle (only the `cli` entry points import inside

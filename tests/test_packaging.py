@@ -341,7 +341,7 @@ def test_constraints_pin_every_declared_dependency_exactly() -> None:
     pinned = {normalize(pin.split("==")[0]) for pin in pins}
     assert "switchboard" not in pinned
     declared = DEPENDENCIES | set().union(*EXTRAS.values())
-    assert declared - pinned == set(), 'not pinned: refresh constraints.txt (README "Constraints")'
+    assert declared - pinned == set(), 'not pinned: refresh constraints.txt (docs/install.md "Constraints")'
 
 
 def test_the_install_builds_nothing_native_and_holds_no_model() -> None:

@@ -211,7 +211,7 @@ async def create_agent(ctx: AdminContext, data: CreateAgentInput) -> CreateAgent
             CliArg("queues", "--queues", required=True, type="csv", help="comma-separated"),
             CliArg("verbs", "--verbs", default="all", help="comma-separated, or 'all'"),
             CliArg("webhook_max", "--webhook-max", type="int", default=5),
-            # Every source type the README advertises works out of the box; narrow it per endpoint with this flag.
+            # Every source type docs/architecture.md lists works out of the box; narrow it per endpoint with this flag.
             CliArg(
                 "webhook_source_types",
                 "--webhook-source-types",

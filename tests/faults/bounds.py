@@ -358,7 +358,7 @@ async def hostile_calls(stack: FaultStack, counts: Counts) -> Outcome:
     """An endpoint's own hostile verb calls among the load on its webhook: arguments nested 300 and 5000 deep (the
     writes that used to be applied and then made every read fail, rule params among them, which held every
     delivery in load_grant), bodies that are not UTF-8, integers of 5,000 digits, a string for a boolean, a GET on
-    a verb. Bound: each answered as the README says, never 5xx, every read after it 200, deliveries still routed."""
+    a verb. Bound: each answered as docs/api.md says, never 5xx, every read after it 200, deliveries still routed."""
     hook = await asyncio.to_thread(stack.hook, "hostile-calls", list(REGISTRY))
     base = stack.base(stack.apis[0])
     answers: list[tuple[str, bool]] = []

@@ -256,7 +256,7 @@ async def hostile_text_bodies(stack: FaultStack, counts: Counts) -> Outcome:
 # -------------------------------------------------------------------------------------------- postgres frozen
 
 MARGIN = 0.5  # s over a documented bound, for the client's side of the measurement
-INGEST_503_BOUND = 2.0  # ingest answers 503 within about 2 s (README)
+INGEST_503_BOUND = 2.0  # ingest answers 503 within about 2 s (docs/api.md "Limits")
 AFTER_THAW = 5.0  # s after the thaw from which every answer must be a success again
 
 
