@@ -255,4 +255,4 @@ def banner(settings: Settings, *, ui: str, pg_note: str, applied: int) -> str:
 
 def _llm_note(settings: Settings) -> str:
     """What `switchboard dev` says about LLM triage: models are servers of their own, registered by the operator."""
-    return 'off until a provider is registered: `switchboard llm set NAME --base-url URL` (docs/llm-triage.md)'
+    return "off until a provider is registered: `switchboard llm set NAME --base-url URL` (docs/llm-triage.md)"
