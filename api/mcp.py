@@ -38,6 +38,7 @@ from api.deps import Services, services
 from api.dispatch import Refusal, dispatch
 from api.doorbell import StreamClosed
 from api.errors import public_error, unknown_verb_message
+from api.mcp_channel import standalone_connection
 from api.middleware import send_error
 from api.verbs import REGISTRY
 from store.errors import DomainError
@@ -107,6 +108,11 @@ class _Session:
     connection: Connection
 
 
+def _owner(endpoint_id: str) -> AuthenticatedUser:
+    """The SDK's user for an endpoint: a session answers only to the one that opened it."""
+    return AuthenticatedUser(AccessToken(token=endpoint_id, client_id=endpoint_id, scopes=[]))
+
+
 def _caller(ctx: ToolContext) -> Caller:
     request = ctx.request
     caller = request.scope.get("state", {}).get("caller") if isinstance(request, Request) else None
@@ -174,10 +180,9 @@ class McpSurface:
             return
         session_id = request.headers.get(MCP_SESSION_ID_HEADER)
         caller = request.scope.get("state", {}).get("caller")
-        # The SDK hands handlers a per-request proxy; its connection is the session's standalone channel,
-        # the one place a notification outside any request can go.
-        connection = getattr(ctx.session, "_connection", None)
-        if not session_id or not isinstance(caller, Caller) or not isinstance(connection, Connection):
+        # The session's standalone channel: the one place a notification outside any request can go.
+        connection = standalone_connection(ctx.session)
+        if not session_id or not isinstance(caller, Caller) or connection is None:
             log.warning("mcp session without a doorbell channel")
             return
         self.sessions[session_id] = _Session(caller.endpoint_id, connection)
@@ -191,9 +196,7 @@ class McpSurface:
             await send_error(send, "unauthenticated", "missing bearer credential")
             return
         # Binds each session to the endpoint that opened it: the SDK answers 404 to anyone else.
-        scope["user"] = AuthenticatedUser(
-            AccessToken(token=caller.endpoint_id, client_id=caller.endpoint_id, scopes=[])
-        )
+        scope["user"] = _owner(caller.endpoint_id)
         session_id = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"mcp-session-id"), None)
         if scope.get("method") == "GET" and session_id:
             await self._serve_listening(scope, receive, send, caller, session_id)
@@ -252,10 +255,38 @@ class McpSurface:
         """End every MCP session of a revoked endpoint: its streams close and its session id answers 404."""
         for session_id in [k for k, s in self.sessions.items() if s.endpoint_id == endpoint_id]:
             self.sessions.pop(session_id, None)
-            # The SDK has no public "close this session" call; terminating its transport is what a DELETE does.
-            transport = self.manager._server_instances.pop(session_id, None)
-            if transport is not None and not transport.is_terminated:
-                await transport.terminate()
+            await self._end(session_id, endpoint_id)
+
+    async def _end(self, session_id: str, endpoint_id: str) -> None:
+        """End one session as its client would: a DELETE from its owner, through the manager's own entry point.
+
+        The SDK terminates the session's transport, which closes its open streams, and forgets its id (404 from
+        then on).
+        """
+        scope: Scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "DELETE",
+            "scheme": "http",
+            "path": "/mcp",
+            "raw_path": b"/mcp",
+            "root_path": "",
+            "query_string": b"",
+            "headers": [(MCP_SESSION_ID_HEADER.encode("latin-1"), session_id.encode("latin-1"))],
+            "client": None,
+            "server": None,
+            "user": _owner(endpoint_id),
+        }
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] not in (200, 404):
+                log.warning("ending mcp session answered %s", message["status"])
+
+        await self.manager.handle_request(scope, receive, send)
 
     def install(self, app: Starlette) -> None:
         """Route /mcp (GET stream, POST messages, DELETE session) to this app."""
