@@ -27,6 +27,7 @@ from runtime.relay import running_relay
 from runtime.root import Stores, build_stores, llm_ceilings, worker_resources
 from runtime.schedules import ensure_schedules
 from store.db import Pool
+from switchboard import tasks
 from switchboard.metrics_listener import listening
 from switchboard.settings import Settings
 from workflows.reconcile import ReconcileWebhook
@@ -218,9 +219,7 @@ async def _beating(path: Path) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await tasks.stop(task)
 
 
 def worker_is_alive(home: Path, max_age: float = 3 * LIVENESS_PERIOD) -> bool:

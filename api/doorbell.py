@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from store.commits import DOORBELL_CHANNEL
 from store.doorbell import REVOKED_CHANNEL, DoorbellStore, Listener, Note, RingRow
+from switchboard import tasks
 from switchboard.metrics import DOORBELL_DROPS, DOORBELL_RINGS, bounded
 
 log = logging.getLogger("switchboard.doorbell")
@@ -302,16 +303,15 @@ class DoorbellListener:
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await tasks.stop(task)
 
     async def _run(self) -> None:
         backoff = 0.2
         failing = False
         while True:
             try:
-                conn = await asyncio.wait_for(Listener.connect(self.database_url), 15)
+                async with asyncio.timeout(15):
+                    conn = await Listener.connect(self.database_url)
             except Exception as exc:  # the relay must outlive any failure; cancellation still stops it
                 if not failing:
                     log.warning("doorbell cannot connect (%s); retrying with backoff", _reason(exc))
@@ -328,13 +328,15 @@ class DoorbellListener:
                     if self.alive_at is not None:
                         self._owe(self.alive_at)
                     with contextlib.suppress(Exception):
-                        await asyncio.wait_for(conn.close(), 2)
+                        async with asyncio.timeout(2):
+                            await conn.close()
             await asyncio.sleep(backoff)
             backoff = min(self.max_backoff, backoff * 2)
 
     async def _serve(self, conn: Listener) -> None:
         """LISTEN, catch up on any gap, then relay notifications while proving the connection alive."""
-        await asyncio.wait_for(conn.listen(self.ping_channel), self.check_seconds * 2 + 5)
+        async with asyncio.timeout(self.check_seconds * 2 + 5):
+            await conn.listen(self.ping_channel)
         await self._round_trip(conn)  # heard from here on: what committed before is the catch-up's
         self.connects += 1
         self.listening.set()
@@ -361,9 +363,8 @@ class DoorbellListener:
         """Send a ping through the pool and relay notifications until it comes back; Deaf if it does not in time."""
         token = secrets.token_hex(8)
         started = time.monotonic()
-        check = await asyncio.wait_for(
-            self.store.ping(self.ping_channel, token, sorted(self.hub.endpoints())), self.check_seconds * 2
-        )
+        async with asyncio.timeout(self.check_seconds * 2):
+            check = await self.store.ping(self.ping_channel, token, sorted(self.hub.endpoints()))
         for endpoint_id in check.revoked:
             await self.hub.revoke(endpoint_id)
         heard = False

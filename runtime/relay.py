@@ -26,6 +26,7 @@ from runtime.starts import is_outage, start_delivery, start_refusal
 from store.commits import CommitStore
 from store.errors import StoreUnavailable
 from store.inbox import Failure, InboxRow, InboxStore
+from switchboard import tasks
 from switchboard.metrics import record_inbox_parked
 from switchboard.settings import Settings
 
@@ -227,6 +228,4 @@ async def running_relay(
     try:
         yield relay
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await tasks.stop(task)

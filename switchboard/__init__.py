@@ -1,1 +1,1 @@
-"""Switchboard: webhook deliveries become durable, explainable work for AI agents."""
+"""Shared infrastructure of every role: settings, logs, metrics, tracing, the Temporal connection, background tasks."""

@@ -32,6 +32,55 @@ from worker import build_worker
 
 ALL_VERBS = None  # resolved lazily from the registry
 
+# -- a test that hangs shows its coroutines -------------------------------------------------------------------
+# pytest-timeout prints the threads' stacks, which for an asyncio test end in the selector. Shortly before it
+# fires, every task of the (session-wide) event loop prints its stack to stderr, so a hang names its await.
+
+HANG_REPORT_MARGIN = 20.0  # seconds before the test's timeout
+_running: dict[str, Any] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    marker = item.get_closest_marker("timeout")
+    limit = float(marker.args[0]) if marker and marker.args else float(item.config.getini("timeout") or 0)
+    _running.update(nodeid=item.nodeid, report_at=time.monotonic() + limit - HANG_REPORT_MARGIN if limit else None)
+    try:
+        yield
+    finally:
+        _running.clear()
+
+
+def _print_tasks(nodeid: str) -> None:
+    import sys
+
+    print(f"\n===== {nodeid} is about to time out; its event loop's tasks:", file=sys.stderr)
+    for task in asyncio.all_tasks():
+        print(f"--- {task!r}", file=sys.stderr)
+        task.print_stack(limit=25, file=sys.stderr)
+    sys.stderr.flush()
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def _hang_report() -> AsyncIterator[None]:
+    import threading
+
+    loop = asyncio.get_running_loop()
+    done = threading.Event()
+
+    def watch() -> None:
+        reported = None
+        while not done.wait(1.0):
+            nodeid, report_at = _running.get("nodeid"), _running.get("report_at")
+            if report_at is not None and nodeid != reported and time.monotonic() >= report_at:
+                reported = nodeid
+                loop.call_soon_threadsafe(_print_tasks, nodeid)
+
+    watcher = threading.Thread(target=watch, name="hang-report", daemon=True)
+    watcher.start()
+    yield
+    done.set()
+
 
 @pytest.fixture(scope="session")
 def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
