@@ -82,10 +82,11 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
         redoc_url=None,
     )
     install_error_handlers(app, {"/v1/": REGISTRY, "/admin/v1/": ADMIN_VERBS})
+    # Routes are matched in the order they are added, one by one: the producers' and the agents' come first.
+    ingest.install(app)
+    install_verb_routes(app)
     install_docs(app)
     app.include_router(metrics_router)
-    app.include_router(ingest.router)
-    install_verb_routes(app)
     app.include_router(stream.router)
     app.include_router(codec_router(settings))
     mcp.install(app)

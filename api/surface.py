@@ -9,11 +9,12 @@ and its answers with `responses` (the verb's output model, the error body).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from api.deps import ENDPOINT_SCHEME, require_admin, services
@@ -21,7 +22,7 @@ from api.dispatch import Refusal, dispatch
 from api.errors import ErrorAnswer, error_response
 from api.verbs import ADMIN_VERBS, REGISTRY, Verb
 
-Endpoint = Callable[[Request], Awaitable[Response]]
+Endpoint = Callable[[Request], Coroutine[Any, Any, Response]]
 
 
 def _errors(described: dict[int, str]) -> dict[int | str, dict[str, Any]]:
@@ -84,6 +85,20 @@ def _admin_endpoint(v: Verb) -> Endpoint:
     return endpoint
 
 
+class VerbRoute(APIRoute):
+    """An agent verb's route: FastAPI documents it like any other; its request handler is the endpoint itself.
+
+    The endpoint takes the Request and reads the raw body, so FastAPI's own handler would only solve dependencies
+    that do not exist (and parse the query string and cookies for them) on every call of the claim loop.
+    """
+
+    def get_route_handler(self) -> Endpoint:
+        """The endpoint, called with the Request (a verb route declares no parameters and no dependencies)."""
+        if self.dependant.dependencies or self.dependant.body_params:
+            raise TypeError(f"{self.path}: a verb route takes the Request alone")
+        return self.endpoint
+
+
 def request_body(model: type[BaseModel]) -> dict[str, Any]:
     """A verb's OpenAPI request body: its input's JSON Schema with every `$defs` reference inlined.
 
@@ -115,7 +130,7 @@ def install_verb_routes(app: FastAPI) -> None:
 
     def add(v: Verb, prefix: str, endpoint: Endpoint, errors: dict[int | str, dict[str, Any]], **options: Any) -> None:
         extra = options.pop("openapi_extra", {})
-        app.add_api_route(
+        app.router.add_api_route(
             f"{prefix}/{v.name}",
             endpoint,
             methods=["POST"],
@@ -128,8 +143,16 @@ def install_verb_routes(app: FastAPI) -> None:
             **options,
         )
 
-    for v in REGISTRY.values():
+    # The todo verbs first: an agent's claim loop calls them most, and routes are matched one by one in order.
+    for v in sorted(REGISTRY.values(), key=lambda v: v.family != "todos"):
         # AgentAuthMiddleware resolves the endpoint credential before the route runs: its scheme is declared here.
-        add(v, "/v1", _agent_endpoint(v), ERROR_RESPONSES, openapi_extra={"security": [{ENDPOINT_SCHEME: []}]})
+        add(
+            v,
+            "/v1",
+            _agent_endpoint(v),
+            ERROR_RESPONSES,
+            route_class_override=VerbRoute,
+            openapi_extra={"security": [{ENDPOINT_SCHEME: []}]},
+        )
     for v in ADMIN_VERBS.values():
         add(v, "/admin/v1", _admin_endpoint(v), ADMIN_ERROR_RESPONSES, dependencies=[Depends(require_admin)])
