@@ -94,7 +94,8 @@ class VerbRoute(APIRoute):
 
     def get_route_handler(self) -> Endpoint:
         """The endpoint, called with the Request (a verb route declares no parameters and no dependencies)."""
-        if self.dependant.dependencies or self.dependant.body_params:
+        d = self.dependant
+        if d.dependencies or d.body_params or d.path_params or d.query_params or d.header_params or d.cookie_params:
             raise TypeError(f"{self.path}: a verb route takes the Request alone")
         return self.endpoint
 

@@ -7,8 +7,11 @@ from typing import Any
 
 import jsonschema
 import pytest
+from fastapi import Depends, FastAPI, Request, Response
 from starlette.routing import Match
 
+from api.deps import require_admin
+from api.surface import VerbRoute
 from api.verbs import ADMIN_VERBS, REGISTRY
 from tests.conftest import Stack
 from tests.helpers import issue_payload, post_github
@@ -205,3 +208,26 @@ async def test_each_verb_is_answered_by_its_route(stack: Stack) -> None:
     got = await stack.http.get("/v1/whoami", headers=auth)
     assert got.status_code == 405
     assert got.headers["x-request-id"] == "req-fast-path-1"
+
+
+def test_a_verb_route_refuses_what_its_handler_would_skip() -> None:
+    # A VerbRoute's handler is its endpoint, so a dependency or a parsed body would silently not run: refused.
+    app = FastAPI()
+
+    async def endpoint(request: Request) -> Response:
+        return Response()
+
+    async def needs(data: dict[str, int]) -> Response:
+        return Response()
+
+    app.router.add_api_route("/v1/fine", endpoint, methods=["POST"], route_class_override=VerbRoute)
+    with pytest.raises(TypeError, match="takes the Request alone"):
+        app.router.add_api_route(
+            "/v1/guarded",
+            endpoint,
+            methods=["POST"],
+            route_class_override=VerbRoute,
+            dependencies=[Depends(require_admin)],
+        )
+    with pytest.raises(TypeError, match="takes the Request alone"):
+        app.router.add_api_route("/v1/parsed", needs, methods=["POST"], route_class_override=VerbRoute)
