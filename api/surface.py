@@ -126,8 +126,10 @@ def request_body(model: type[BaseModel]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": inline(schema, frozenset())}}}
 
 
-def install_verb_routes(app: FastAPI) -> None:
-    """Route every verb of the table, each documented with its input, its output and its errors."""
+def install_verb_routes(app: FastAPI) -> dict[str, APIRoute]:
+    """Route every verb of the table, each documented with its input, its output and its errors; the agent verbs'
+    routes by path (for api/fastpath.py)."""
+    agent: dict[str, APIRoute] = {}
 
     def add(v: Verb, prefix: str, endpoint: Endpoint, errors: dict[int | str, dict[str, Any]], **options: Any) -> None:
         extra = options.pop("openapi_extra", {})
@@ -144,8 +146,7 @@ def install_verb_routes(app: FastAPI) -> None:
             **options,
         )
 
-    # The todo verbs first: an agent's claim loop calls them most, and routes are matched one by one in order.
-    for v in sorted(REGISTRY.values(), key=lambda v: v.family != "todos"):
+    for v in REGISTRY.values():
         # AgentAuthMiddleware resolves the endpoint credential before the route runs: its scheme is declared here.
         add(
             v,
@@ -155,5 +156,9 @@ def install_verb_routes(app: FastAPI) -> None:
             route_class_override=VerbRoute,
             openapi_extra={"security": [{ENDPOINT_SCHEME: []}]},
         )
+        route = app.router.routes[-1]
+        assert isinstance(route, APIRoute)
+        agent[route.path] = route
     for v in ADMIN_VERBS.values():
         add(v, "/admin/v1", _admin_endpoint(v), ADMIN_ERROR_RESPONSES, dependencies=[Depends(require_admin)])
+    return agent
