@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import jsonschema
 import pytest
 from fastapi import Depends, FastAPI, Request, Response
 from starlette.routing import Match
 
 from api.deps import require_admin
+from api.fastpath import VerbFastPath
 from api.surface import VerbRoute
 from api.verbs import ADMIN_VERBS, REGISTRY
 from tests.conftest import Stack
@@ -231,3 +233,36 @@ def test_a_verb_route_refuses_what_its_handler_would_skip() -> None:
         )
     with pytest.raises(TypeError, match="takes the Request alone"):
         app.router.add_api_route("/v1/parsed", needs, methods=["POST"], route_class_override=VerbRoute)
+
+
+async def test_the_fast_path_hands_a_verb_to_its_own_route_and_nothing_else() -> None:
+    app = FastAPI()
+    served: list[str] = []
+
+    async def endpoint(request: Request) -> Response:
+        served.append(request.scope["route"].path)
+        return Response(b'{"ok": true}', media_type="application/json")
+
+    app.router.add_api_route("/v1/x", endpoint, methods=["POST"], route_class_override=VerbRoute)
+    [route] = [r for r in app.routes if getattr(r, "path", "") == "/v1/x"]
+    routed: list[str] = []
+
+    async def router(scope: Any, receive: Any, send: Any) -> None:
+        routed.append(f"{scope['method']} {scope['path']}")
+        await app.router(scope, receive, send)
+
+    fast = VerbFastPath(router, routes={"/v1/x": route})
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=fast), base_url="http://api") as http:
+        ok = await http.post("/v1/x", content=b"{}")
+        assert (ok.status_code, ok.json(), served, routed) == (200, {"ok": True}, ["/v1/x"], [])
+        # Anything else takes the usual way: another method, another path.
+        assert (await http.get("/v1/x")).status_code == 405
+        assert (await http.post("/v1/y", content=b"{}")).status_code == 404
+    assert routed == ["GET /v1/x", "POST /v1/y"] and served == ["/v1/x"]
+
+
+async def test_every_agent_verb_takes_the_fast_path(stack: Stack) -> None:
+    [fast] = [m for m in stack.app.user_middleware if m.cls is VerbFastPath]
+    routes = fast.kwargs["routes"]
+    assert set(routes) == {f"/v1/{name}" for name in REGISTRY}
+    assert all(isinstance(route, VerbRoute) and route.path == path for path, route in routes.items())
