@@ -9,6 +9,7 @@ and its answers with `responses` (the verb's output model, the error body).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -25,8 +26,14 @@ from api.verbs import ADMIN_VERBS, REGISTRY, Verb
 Endpoint = Callable[[Request], Coroutine[Any, Any, Response]]
 
 
+ERROR_BODY = {"application/json": {"schema": {"$ref": f"#/components/schemas/{ErrorAnswer.__name__}"}}}
+
+
 def _errors(described: dict[int, str]) -> dict[int | str, dict[str, Any]]:
-    return {status: {"model": ErrorAnswer, "description": text} for status, text in described.items()}
+    # The model once (500), a reference for the rest: FastAPI builds a validator for every model it is given.
+    errors: dict[int | str, dict[str, Any]] = {500: {"model": ErrorAnswer, "description": "internal"}}
+    errors.update({status: {"description": text, "content": ERROR_BODY} for status, text in described.items()})
+    return errors
 
 
 ERROR_RESPONSES = _errors(
@@ -100,6 +107,7 @@ class VerbRoute(APIRoute):
         return self.endpoint
 
 
+@functools.cache  # the same for every app this process builds (the tests build many)
 def request_body(model: type[BaseModel]) -> dict[str, Any]:
     """A verb's OpenAPI request body: its input's JSON Schema with every `$defs` reference inlined.
 
