@@ -19,6 +19,7 @@ from api.deps import HealthDep, Services, SettingsDep, TemporalDep
 from api.docs import install_docs
 from api.doorbell import run_doorbell
 from api.errors import install_error_handlers
+from api.fastpath import VerbFastPath
 from api.mcp import McpSurface
 from api.metrics import router as metrics_router
 from api.middleware import AgentAuthMiddleware, BodyLimitMiddleware, RequestLogMiddleware
@@ -85,7 +86,7 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
     install_docs(app)
     app.include_router(metrics_router)
     app.include_router(ingest.router)
-    install_verb_routes(app)
+    verb_routes = install_verb_routes(app)
     app.include_router(stream.router)
     app.include_router(codec_router(settings))
     mcp.install(app)
@@ -122,6 +123,8 @@ def create_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI
         ok = all(v == "ok" for v in checks.values())
         return JSONResponse({"status": "ok" if ok else "degraded", **checks}, status_code=200 if ok else 503)
 
+    # Innermost, once the caller is known: POST /v1/{verb} straight to the verb's route (api/fastpath.py).
+    app.add_middleware(VerbFastPath, routes=verb_routes)
     app.add_middleware(AgentAuthMiddleware)
     app.add_middleware(
         BodyLimitMiddleware,

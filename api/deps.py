@@ -6,7 +6,8 @@ import hmac
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from temporalio.client import Client
 
 from api.admission import Admission
@@ -145,7 +146,25 @@ async def get_settings(svc: ServicesDep) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-async def get_caller(request: Request) -> Caller:
+ENDPOINT_SCHEME = "endpoint"
+"""The OpenAPI security scheme of the agent routes: an endpoint credential."""
+
+# Security schemes as OpenAPI shows them. AgentAuthMiddleware resolves the endpoint credential before any route
+# runs; the admin routes check the admin token in require_admin. Neither answers on its own (auto_error=False):
+# every refusal is the API's own 401.
+endpoint_bearer = HTTPBearer(
+    scheme_name=ENDPOINT_SCHEME,
+    bearerFormat="sbk_…",
+    description="An endpoint credential, vended once by an operator (`switchboard endpoint vend`).",
+    auto_error=False,
+)
+admin_bearer = HTTPBearer(scheme_name="admin", description="The operator's SWITCHBOARD_ADMIN_TOKEN.", auto_error=False)
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Security(admin_bearer)]
+
+
+async def get_caller(
+    request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(endpoint_bearer)]
+) -> Caller:
     """The endpoint AgentAuthMiddleware resolved the bearer credential to."""
     caller = getattr(request.state, "caller", None)
     if not isinstance(caller, Caller):  # the middleware answers 401 first; this is a second lock
@@ -180,10 +199,9 @@ async def get_doorbell(svc: ServicesDep) -> DoorbellHub:
 DoorbellDep = Annotated[DoorbellHub, Depends(get_doorbell)]
 
 
-async def require_admin(request: Request, settings: SettingsDep) -> None:
+async def require_admin(settings: SettingsDep, bearer: BearerDep) -> None:
     """The admin token must match, compared in constant time."""
-    header = request.headers.get("authorization", "")
-    token = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    token = bearer.credentials.strip() if bearer is not None else ""
     expected = settings.admin_token or ""
     if not token or not expected or not hmac.compare_digest(token.encode(), expected.encode()):
         raise Unauthenticated("admin token required")

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from routing.rules import ERROR_CODES as RULE_ERROR_CODES
@@ -65,6 +66,19 @@ UNAVAILABLE_MESSAGE = "the database is unavailable, retry later"
 def status_for(code: str) -> int:
     """The HTTP status of a stable error code (500 for a code without a row, which is a bug to fix here)."""
     return STATUS.get(code, 500)
+
+
+class ErrorDetail(BaseModel):
+    """What went wrong: a stable code to act on and a message to show."""
+
+    code: str = Field(description="the stable error code (one of STATUS's keys: forbidden, not_found, rate_limited, …)")
+    message: str = Field(description="why, for a person; never echoes a submitted value")
+
+
+class ErrorAnswer(BaseModel):
+    """The body of every error answer of the agent and admin verbs: {"error": {"code", "message"}}."""
+
+    error: ErrorDetail
 
 
 def error_body(code: str, message: str) -> dict[str, Any]:

@@ -8,10 +8,11 @@ import logging
 import re
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import ClientDisconnect
 from temporalio.client import Client, WorkflowFailureError
 
@@ -20,7 +21,14 @@ from api.bodies import read_capped
 from api.deps import ServicesDep
 from api.ratelimit import TokenBuckets, retry_after
 from routing.collectors import BrokenCollectorConfig, delivery_kind, stored_collector_config
-from routing.delivery import TEMPORAL_PAYLOAD_LIMIT, CommitResult, DeliveryInput, max_input_bytes, summary_line
+from routing.delivery import (
+    TEMPORAL_PAYLOAD_LIMIT,
+    CommitResult,
+    DeliveryAnswer,
+    DeliveryInput,
+    max_input_bytes,
+    summary_line,
+)
 from routing.envelope import parse_payload
 from routing.headers import lower_headers, sanitize_headers
 from routing.signatures import MissingSecret
@@ -64,8 +72,68 @@ def _database_bound(settings: Settings) -> contextlib.AbstractAsyncContextManage
     return bounded(settings.db_pool_timeout + 0.25)
 
 
+class PendingAnswer(BaseModel):
+    """The producer's 202 when the route is not decided inside its window: the delivery is durable and is routed
+    exactly once later, with no redelivery needed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    accepted: Literal[True] = Field(description="always true: the delivery is taken")
+    pending: Literal[True] = Field(description="always true: not routed yet")
+    workflow_id: str = Field(description="its RouteDelivery workflow (delivery-wh_…), to find it in the Temporal UI")
+
+
+class ChallengeAnswer(BaseModel):
+    """The 200 of Slack's `url_verification` handshake (signed like any delivery); nothing is routed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    challenge: str = Field(description="the challenge Slack sent, echoed")
+
+
+class IngestError(BaseModel):
+    """Every refusal at ingest (the agent verbs' errors carry a code; a producer gets the message)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: str = Field(description="what was refused and why; nothing was accepted")
+
+
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": ChallengeAnswer, "description": "Slack's url_verification handshake, answered"},
+    202: {
+        "model": DeliveryAnswer | PendingAnswer,
+        "description": "accepted: routed (todos made or found; dropped, repeat, faulted or quarantined), or pending",
+    },
+    401: {"model": IngestError, "description": "signature missing or wrong; nothing stored"},
+    404: {"model": IngestError, "description": "unknown webhook; nothing stored"},
+    413: {"model": IngestError, "description": "body over SWITCHBOARD_INGEST_BODY_MAX"},
+    429: {
+        "model": IngestError,
+        "description": "this address's failed requests emptied its bucket (Retry-After); never a verified delivery",
+    },
+    500: {"model": IngestError, "description": "the delivery's workflow failed"},
+    503: {
+        "model": IngestError,
+        "description": "neither Temporal nor PostgreSQL can take it, no live target, or an unreadable verification"
+        " setting; nothing accepted, retry later",
+    },
+}
+"""Every answer of the ingest route, for OpenAPI."""
+
+TOKEN_PARAMETER = {
+    "name": "ingest_token",
+    "in": "path",
+    "required": True,
+    "description": "the webhook's ingest token (32 hex characters, from create_webhook's ingest_url)",
+    "schema": {"type": "string"},
+}
+"""The path parameter, for OpenAPI: the route reads it raw, so a malformed token meets the refusal of an unknown one
+(404, charged to the address's bucket) rather than a validation error."""
+
+
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+    return JSONResponse(IngestError(error=message).model_dump(), status_code=status, headers=headers)
 
 
 class _AddressGate:
@@ -99,10 +167,14 @@ class _AddressGate:
 @router.post(
     "/webhooks/w/{ingest_token}",
     status_code=202,
+    response_model=None,
     summary="Receive a webhook delivery.",
-    responses={401: {}, 404: {}, 413: {}, 429: {}, 503: {}},
+    operation_id="ingest",
+    responses=RESPONSES,
+    openapi_extra={"parameters": [TOKEN_PARAMETER]},
 )
-async def ingest(ingest_token: str, request: Request, svc: ServicesDep) -> Response:
+async def ingest(request: Request, svc: ServicesDep) -> Response:
+    ingest_token: str = request.path_params["ingest_token"]
     # One dependency, not one per service: FastAPI solves every dependency of this hot path on every request.
     started = time.perf_counter()
     status = 500  # an exception escaping the handler is answered 500 by the error handlers
@@ -200,7 +272,7 @@ async def _receive(
     payload = parse_payload(body)
     if source_row.url_verification and _is_url_verification(payload):
         # Slack's endpoint handshake (signed like any delivery): answer the challenge, mint nothing.
-        return JSONResponse({"challenge": payload["challenge"]}, status_code=200)
+        return JSONResponse(ChallengeAnswer(challenge=payload["challenge"]).model_dump(), status_code=200)
 
     # Parsed once, here: the producer's delivery id, the kind and the UI's summary line come from this value.
     producer_id = producer_delivery_id(webhook.source_type, headers, payload)
@@ -249,7 +321,9 @@ async def _lookup(webhooks: WebhookStore, settings: Settings, token: str) -> Ing
 
 
 def _pending(workflow_id: str) -> JSONResponse:
-    return JSONResponse({"accepted": True, "pending": True, "workflow_id": workflow_id}, status_code=202)
+    return JSONResponse(
+        PendingAnswer(accepted=True, pending=True, workflow_id=workflow_id).model_dump(), status_code=202
+    )
 
 
 def webhook_rate(webhook: IngestWebhook, settings: Settings) -> float:

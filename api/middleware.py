@@ -14,7 +14,6 @@ from api.bodies import read_capped
 from api.deps import Services
 from api.dispatch import Refusal, admit
 from api.errors import error_body, error_headers, public_error, status_for
-from api.surface import serve_agent_verb
 from api.verbs import REGISTRY
 from store.errors import DomainError, Unauthenticated
 from switchboard.logs import REQUEST_ID, mask_secrets
@@ -198,13 +197,7 @@ class AgentAuthMiddleware:
         except DomainError as exc:
             await send_error(send, *public_error(exc, "authenticate"))
             return
-        verb = REGISTRY.get(path[len("/v1/") :]) if path.startswith("/v1/") else None
-        if verb is not None and scope.get("method") == "POST":
-            # The agent hot path: the verb is answered here, past nothing FastAPI would add (api/surface.py).
-            scope.setdefault("state", {})["caller"] = caller
-            await serve_agent_verb(verb, services, caller, scope, receive, send)
-            return
-        if path.startswith("/v1/") and verb is None:
+        if path.startswith("/v1/") and path[len("/v1/") :] not in REGISTRY:
             # Verbs are admitted (allowlist, rate class) by the dispatch they share with MCP; any other agent path
             # (the doorbell stream, an unknown name) spends from the "agent" bucket here, at the door.
             try:

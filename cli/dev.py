@@ -52,8 +52,8 @@ def server_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Confi
     - Clients are bounded (api/connections.py): read deadlines, a capped request head, connection caps per
       address and in all, all from `settings`; WebSocket upgrades are off (the API serves none).
     - uvicorn's own X-Forwarded-For handling (and its FORWARDED_ALLOW_IPS, which trusts 127.0.0.1 by default) is
-      off, so SWITCHBOARD_FORWARDED_ALLOW_IPS, applied by api/clientaddr.py, is the one place that decides which
-      proxies are believed.
+      off, so SWITCHBOARD_FORWARDED_ALLOW_IPS, applied in the app by uvicorn's ProxyHeadersMiddleware
+      (api/clientaddr.py), is the one place that decides which proxies are believed.
     - uvicorn configures no logging of its own: its lines reach the process's JSON handler (one object a line,
       tracebacks included), and its access line is left to RequestLogMiddleware, which logs every request.
     """

@@ -239,10 +239,32 @@ class FaultCommitInput(BaseModel):
 class TodoRef(BaseModel):
     """One todo a delivery produced (or found, on a redelivery)."""
 
-    id: str
-    endpoint_id: str
-    queue: str
-    created: bool
+    id: str = Field(description="the todo (td_…)")
+    endpoint_id: str = Field(description="the endpoint it is for")
+    queue: str = Field(description="the queue it is in")
+    created: bool = Field(description="this call created it; false on a redelivery")
+
+
+class DeliveryAnswer(BaseModel):
+    """The producer's 202 for a routed delivery: what it made or found, never the routing trace.
+
+    Each of duplicate, dropped, repeat, faulted and quarantined is present only when it holds.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    event_id: str | None = Field(
+        description="the stored event (ev_…); null only when not even the faulted event could be stored"
+    )
+    todos: list[TodoRef] = Field(description="the todos the delivery made, or found on a redelivery")
+    created: int = Field(description="how many todos this call created: 0 on a redelivery")
+    verified: bool = Field(description="the signature was verified (false for a token-URL `generic` webhook)")
+    trust_mode: str = Field(description="signed (an HMAC was checked) or token (the URL is the credential)")
+    duplicate: bool = Field(False, description="a redelivery: the todos are the first delivery's")
+    dropped: bool = Field(False, description="a rule (or the default action) dropped it: no todos")
+    repeat: bool = Field(False, description="its once-key was already claimed: no todos")
+    faulted: bool = Field(False, description="held at a rule fault (on_fault hold) or a refused commit: no todos")
+    quarantined: bool = Field(False, description="held for a person (the trust gate, a quarantine action): no todos")
 
 
 class CommitResult(BaseModel):
@@ -272,22 +294,17 @@ class CommitResult(BaseModel):
         return self.model_copy(update={"duplicate": True, "created": 0, "todos": todos})
 
     def response_body(self) -> dict[str, Any]:
-        """The documented 202 body; never echoes the trace."""
-        body: dict[str, Any] = {
-            "event_id": self.event_id,
-            "todos": [t.model_dump() for t in self.todos],
-            "created": self.created,
-            "verified": self.verified,
-            "trust_mode": self.trust_mode,
-        }
-        if self.duplicate:
-            body["duplicate"] = True
-        if self.dropped:
-            body["dropped"] = True
-        if self.repeat:
-            body["repeat"] = True
-        if self.faulted:
-            body["faulted"] = True
-        if self.quarantined:
-            body["quarantined"] = True
-        return body
+        """The documented 202 body (DeliveryAnswer); never echoes the trace."""
+        answer = DeliveryAnswer(
+            event_id=self.event_id,
+            todos=self.todos,
+            created=self.created,
+            verified=self.verified,
+            trust_mode=self.trust_mode,
+            duplicate=self.duplicate,
+            dropped=self.dropped,
+            repeat=self.repeat,
+            faulted=self.faulted,
+            quarantined=self.quarantined,
+        )
+        return answer.model_dump(exclude_defaults=True)

@@ -74,7 +74,7 @@ async def _hang_report() -> AsyncIterator[None]:
             nodeid, report_at = _running.get("nodeid"), _running.get("report_at")
             if report_at is not None and nodeid != reported and time.monotonic() >= report_at:
                 reported = nodeid
-                loop.call_soon_threadsafe(_print_tasks, nodeid)
+                loop.call_soon_threadsafe(_print_tasks, str(nodeid))
 
     watcher = threading.Thread(target=watch, name="hang-report", daemon=True)
     watcher.start()

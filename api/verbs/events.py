@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from api.verbs.registry import READ, CliArg, CliCommand, Context, VerbInput, verb
+from api.verbs.registry import READ, AnyJson, CliArg, CliCommand, Context, VerbInput, verb
 from routing.models import EVENT_DISPOSITIONS, EventDisposition
 from routing.trust import QuarantineReason, quarantine_reason
 from store.events import EventDetail, EventSummary, QuarantineState
@@ -90,7 +90,7 @@ class EventDetailOut(EventOut):
     external_id: str
     content_type: str | None
     headers: dict[str, Any] = Field(description="as received, lower-cased, credentials redacted")
-    payload: Any = Field(description="decoded JSON when the body parses, else text (or base64)")
+    payload: AnyJson = Field(description="decoded JSON when the body parses, else text (or base64)")
     payload_encoding: Literal["json", "text", "base64"]
 
 

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, WithJsonSchema, model_validator
 
 from api.deps import RateClass, Services
 from routing.text import unstorable_field
 from store.models import Caller
 
 Surface = Literal["agent", "admin"]
+
+AnyJson = Annotated[Any, WithJsonSchema({"type": ["object", "array", "string", "number", "boolean", "null"]})]
+"""A field that holds any JSON value by design (a payload, a todo's result): its schema names every JSON type, so
+a client can tell it from a field nobody typed."""
 
 
 class VerbInput(BaseModel):

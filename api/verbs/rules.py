@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, StrictBool
 
-from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInput, verb
+from api.verbs.registry import READ, AnyJson, CliArg, CliCommand, Context, Hints, VerbInput, verb
 from api.verbs.rule_schema import ActionJSON, RuleJSON, RulePatchJSON, RulesJSON
 from routing import backtest
 from routing.backtest import BacktestSummary, DecisionSummary, RecentCheck, ReplayedEvent
@@ -142,7 +142,7 @@ class CandidateInput(WebhookInput):
 
 
 class DryRunInput(CandidateInput):
-    payload: Any = Field(default=None, description="a sample body (any JSON value), treated as verified")
+    payload: AnyJson = Field(default=None, description="a sample body (any JSON value), treated as verified")
     headers: dict[str, str] | None = Field(default=None, description="the sample's request headers")
     event_id: str | None = Field(default=None, min_length=1, max_length=128, description="an event of this webhook")
     omit_envelope: StrictBool = Field(default=False, description="leave the evaluated envelope out of the answer")

@@ -11,7 +11,7 @@ import logging
 import re
 import zoneinfo
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 from temporalio.client import (
@@ -26,7 +26,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.schedules import FireInput
-from api.verbs.registry import READ, CliCommand, Context, Hints, VerbInput, verb
+from api.verbs.registry import READ, AnyJson, CliCommand, Context, Hints, VerbInput, verb
 from store.errors import DomainError, InvalidArgument
 from store.schedules import SCHEDULE_SOURCE, ScheduleRow
 from workflows import search
@@ -82,7 +82,7 @@ class CreateScheduleInput(VerbInput):
         default=None, min_length=1, max_length=128, description="or mint each fire's todo on this queue"
     )
     title: str = Field(min_length=1, max_length=200, description="the title of each fire's todo")
-    payload: Any = Field(default=None, description="JSON carried in every fire's body under .payload.payload")
+    payload: AnyJson = Field(default=None, description="JSON carried in every fire's body under .payload.payload")
 
     @model_validator(mode="after")
     def _check(self) -> CreateScheduleInput:
@@ -103,7 +103,7 @@ class ScheduleOut(BaseModel):
     target: Literal["webhook", "queue"]
     webhook_id: str | None = Field(description="the webhook fires go through, for a webhook target")
     queue: str
-    payload: Any = None
+    payload: AnyJson = Field(default=None, description="the JSON every fire carries under .payload.payload")
     temporal_schedule_id: str = Field(description="open it in the Temporal UI to see fires and pause them")
     created_at: datetime
     fire_count: int

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, Field
 
-from api.verbs.registry import READ, CliArg, CliCommand, CliExport, Context, Hints, VerbInput, verb
+from api.verbs.registry import READ, AnyJson, CliArg, CliCommand, CliExport, Context, Hints, VerbInput, verb
 from store.models import Todo
 from store.todos import DEFAULT_LEASE_SECONDS, MAX_CLAIM_BATCH, MAX_LEASE_SECONDS
 from switchboard.metrics import CLAIMS, DEAD_LETTERS, bounded
@@ -59,10 +59,10 @@ class TodoOut(BaseModel):
     claimed_at: datetime | None
     completed_at: datetime | None
     last_error: str | None = None
-    result: Any = None
+    result: AnyJson = Field(default=None, description="what complete or fail recorded (any JSON value)")
     routing: dict[str, Any] | None = None
     work_order: dict[str, Any] | None = None
-    payload: Any = None
+    payload: AnyJson = Field(default=None, description="the delivery's body as JSON; null when it is not JSON")
     update_event_ids: list[str] = Field(default_factory=list, description="events coalesced into this todo")
     cancel_reason: str | None = Field(default=None, description="the reason cancel_todo was given, if any")
 
@@ -132,26 +132,21 @@ class ClaimNextInput(VerbInput):
 class ClaimNextOutput(BaseModel):
     empty: bool = Field(default=False, description="no pending todo in scope was free to claim")
     todo: TodoOut | None = Field(default=None, description="the todo claimed (without max)")
-    todos: list[TodoOut] | None = Field(default=None, description="with max: every todo claimed, oldest first")
-
-    @model_serializer(mode="wrap")
-    def _without_unasked(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # A call without max answers in the single-todo shape alone: {empty, todo}.
-        out: dict[str, Any] = handler(self)
-        if self.todos is None:
-            out.pop("todos", None)
-        return out
+    # A call without max answers in the single-todo shape alone: {empty, todo}.
+    todos: list[TodoOut] | None = Field(
+        default=None, exclude_if=lambda todos: todos is None, description="with max: every todo claimed, oldest first"
+    )
 
 
 class CompleteInput(VerbInput):
     todo_id: HeldTodoId
-    result: Any = Field(default=None, description="any JSON value recorded on the todo as its outcome")
+    result: AnyJson = Field(default=None, description="any JSON value recorded on the todo as its outcome")
 
 
 class FailInput(VerbInput):
     todo_id: HeldTodoId
     error: str | None = Field(default=None, max_length=4000, description="why it failed, kept as last_error")
-    result: Any = Field(default=None, description="any JSON value to record; omitted: the todo's result stays")
+    result: AnyJson = Field(default=None, description="any JSON value to record; omitted: the todo's result stays")
 
 
 class HeartbeatInput(VerbInput):

@@ -19,7 +19,7 @@ import pytest
 from pydantic import ValidationError
 
 from api.app import create_app
-from api.clientaddr import client_address
+from api.clientaddr import ClientAddressMiddleware
 from api.ratelimit import TokenBuckets
 from switchboard.settings import Settings, parse_networks
 from tests.api.test_todos import seed_todos
@@ -177,21 +177,47 @@ def test_wait_does_not_spend_and_spend_never_goes_into_debt() -> None:
 # -- trusted proxies ----------------------------------------------------------------------------------------
 
 
-def test_client_address_reads_the_rightmost_untrusted_hop() -> None:
+async def client_address(peer: str, forwarded_for: list[str], trusted: tuple[Any, ...]) -> str:
+    """The client address the app sees behind ClientAddressMiddleware (uvicorn's ProxyHeadersMiddleware)."""
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["client"][0])
+
+    async def nothing() -> Any:
+        raise AssertionError("not read")
+
+    async def ignore(message: Any) -> None:
+        pass
+
+    headers = [(b"x-forwarded-for", value.encode()) for value in forwarded_for] + [(b"host", b"api")]
+    scope = {"type": "http", "client": (peer, 5555), "headers": headers, "path": "/", "method": "GET"}
+    await ClientAddressMiddleware(app, trusted)(scope, nothing, ignore)
+    [address] = seen
+    return address
+
+
+async def test_client_address_reads_the_rightmost_untrusted_hop() -> None:
     trusted = parse_networks("10.0.0.0/8, 192.168.1.1, fd00::/8")
-    assert client_address("10.0.0.2", ["203.0.113.5"], trusted) == "203.0.113.5"
+    assert await client_address("10.0.0.2", ["203.0.113.5"], trusted) == "203.0.113.5"
     # A client-written hop left of the real one is never believed.
-    assert client_address("10.0.0.2", ["6.6.6.6, 203.0.113.5, 10.0.0.9"], trusted) == "203.0.113.5"
-    assert client_address("10.0.0.2", ["6.6.6.6", "203.0.113.5:443"], trusted) == "203.0.113.5"
-    assert client_address("fd00::1", ["[2001:db8::7]:8080"], trusted) == "2001:db8::7"
-    assert client_address("::ffff:10.0.0.2", ["203.0.113.5"], trusted) == "203.0.113.5"
+    assert await client_address("10.0.0.2", ["6.6.6.6, 203.0.113.5, 10.0.0.9"], trusted) == "203.0.113.5"
+    assert await client_address("10.0.0.2", ["6.6.6.6", "203.0.113.5:443"], trusted) == "203.0.113.5"
+    assert await client_address("192.168.1.1", ["6.6.6.6, 192.168.1.1, 203.0.113.5"], trusted) == "203.0.113.5"
+    assert await client_address("fd00::1", ["[2001:db8::7]:8080"], trusted) == "2001:db8::7"
+    # An IPv4 proxy seen through a dual-stack socket.
+    assert await client_address("::ffff:10.0.0.2", ["203.0.113.5"], trusted) == "203.0.113.5"
+    assert await client_address("10.0.0.2", ["::ffff:203.0.113.5"], trusted) == "203.0.113.5"
     # Not from a trusted proxy, or no trusted proxies at all: the header is ignored.
-    assert client_address("198.51.100.9", ["203.0.113.5"], trusted) == "198.51.100.9"
-    assert client_address("127.0.0.1", ["203.0.113.5"], ()) == "127.0.0.1"
+    assert await client_address("198.51.100.9", ["203.0.113.5"], trusted) == "198.51.100.9"
+    assert await client_address("192.168.1.2", ["203.0.113.5"], trusted) == "192.168.1.2"
+    assert await client_address("::ffff:198.51.100.9", ["203.0.113.5"], trusted) == "::ffff:198.51.100.9"
+    assert await client_address("127.0.0.1", ["203.0.113.5"], ()) == "127.0.0.1"
     # An unreadable hop falls back to the proxy itself (shared, never spoofed).
-    assert client_address("10.0.0.2", ["203.0.113.5, garbage"], trusted) == "10.0.0.2"
+    assert await client_address("10.0.0.2", ["203.0.113.5, garbage"], trusted) == "10.0.0.2"
+    assert await client_address("10.0.0.2", [""], trusted) == "10.0.0.2"
     # Every hop trusted: the request started inside the trusted network.
-    assert client_address("10.0.0.2", ["10.0.0.7, 10.0.0.8"], trusted) == "10.0.0.7"
+    assert await client_address("10.0.0.2", ["10.0.0.7, 10.0.0.8"], trusted) == "10.0.0.7"
 
 
 def test_a_malformed_trusted_proxy_list_refuses_to_start() -> None:

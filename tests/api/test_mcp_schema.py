@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from mcp_types import Tool
 
-from api.verbs import REGISTRY
+from api.verbs import ADMIN_VERBS, REGISTRY
 from api.verbs.admin import AdminInput
 from routing.sources import RESERVED_SOURCES, SOURCE_TYPES
 from store.todos import MAX_LEASE_SECONDS
@@ -86,6 +86,23 @@ def undescribed(schema: Any, path: str = "") -> Iterator[str]:
             yield from undescribed(value, f"{path}[{i}]")
 
 
+TYPED = ("type", "$ref", "anyOf", "oneOf", "enum", "const")
+ANY_JSON = ["object", "array", "string", "number", "boolean", "null"]
+
+
+def untyped(schema: Any, path: str = "") -> Iterator[str]:
+    """Every property, anywhere in the schema ($defs included), that does not say what it holds."""
+    if isinstance(schema, dict):
+        for name, prop in (schema.get("properties") or {}).items():
+            if not (isinstance(prop, dict) and any(key in prop for key in TYPED)):
+                yield f"{path}.{name}"
+        for key, value in schema.items():
+            yield from untyped(value, f"{path}/{key}")
+    elif isinstance(schema, list):
+        for i, value in enumerate(schema):
+            yield from untyped(value, f"{path}[{i}]")
+
+
 def resolve(root: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
     """Follow a local $ref."""
     while "$ref" in node:
@@ -120,6 +137,43 @@ async def test_every_tool_parameter_is_described(live_stack: Stack) -> None:
     missing = [f"{name}{p}" for name, tool in tools.items() for p in undescribed(tool.input_schema)]
     assert missing == []
     assert all(tool.description for tool in tools.values())
+
+
+async def test_every_field_of_every_tool_verb_and_answer_says_what_it_holds(live_stack: Stack) -> None:
+    tools = await listed_tools(live_stack)
+    missing = [
+        f"{name} {side}{p}"
+        for name, tool in tools.items()
+        for side, schema in (("input", tool.input_schema), ("output", tool.output_schema))
+        for p in untyped(schema)
+    ]
+    # Every tool answers a typed object (claim_next's shape depends on max, and is still typed).
+    assert [name for name, tool in tools.items() if (tool.output_schema or {}).get("type") != "object"] == []
+    assert all(tool.output_schema and tool.output_schema["properties"] for tool in tools.values())
+    for name, v in {**REGISTRY, **ADMIN_VERBS}.items():
+        missing += [f"{name} input{p}" for p in untyped(v.input.model_json_schema())]
+        missing += [f"{name} output{p}" for p in untyped(v.output.model_json_schema(mode="serialization"))]
+    spec = (await live_stack.http.get("/openapi.json")).json()
+    missing += [f"openapi{p}" for p in untyped(spec)]
+    assert missing == []
+    # Fields that take any JSON value by design say so, with every JSON type.
+    for name, side, field in (
+        ("complete", "input", "result"),
+        ("fail", "input", "result"),
+        ("test_webhook_rules", "input", "payload"),
+        ("create_schedule", "input", "payload"),
+        ("get_webhook_event", "output", "payload"),
+    ):
+        tool = tools[name]
+        schema = tool.input_schema if side == "input" else tool.output_schema
+        assert schema is not None
+        held = schema["properties"][field]
+        assert held["type"] == ANY_JSON and held["description"], (name, field)
+    claimed = tools["claim_next"].output_schema
+    assert claimed is not None
+    todo = resolve(claimed, claimed["$defs"]["TodoOut"])
+    assert todo["properties"]["result"]["type"] == ANY_JSON and todo["properties"]["payload"]["type"] == ANY_JSON
+    assert set(claimed["properties"]) == {"empty", "todo", "todos"}
 
 
 def test_every_admin_verb_parameter_is_described() -> None:
