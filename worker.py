@@ -13,7 +13,6 @@ from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.reconcile import ReconcileActivities
 from activities.reroute import RerouteActivities
@@ -26,6 +25,7 @@ from runtime.reconcilers import sync_schedules
 from runtime.relay import running_relay
 from runtime.root import Stores, build_stores, llm_ceilings, worker_resources
 from runtime.schedules import ensure_schedules
+from runtime.workflow_runner import workflow_runner
 from store.db import Pool
 from switchboard import tasks
 from switchboard.metrics_listener import listening
@@ -44,12 +44,6 @@ LIVENESS_FILE = "worker.alive"
 LIVENESS_PERIOD = 10.0
 # A full garbage collection this often (see _collecting), over what the worker made since it started.
 GC_PERIOD = 30.0
-
-
-def workflow_runner() -> SandboxedWorkflowRunner:
-    """Temporal's sandbox (the determinism guard) with every import passed through, so only the workflow module
-    itself is executed again per run; the worker and the replay tests run workflows in it."""
-    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_all_modules())
 
 
 class Workers:

@@ -24,8 +24,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from routing.delivery import CommitResult, workflow_id_for
+from runtime.workflow_runner import workflow_runner
 from tests.conftest import Stack
-from worker import WORKFLOWS, workflow_runner
+from worker import WORKFLOWS
 
 HISTORIES = Path(__file__).parent / "histories"
 RECORD_ENV = "SWITCHBOARD_WRITE_HISTORIES"
