@@ -22,7 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
 # "throughput ratio (switchboard / floor): 0.96 …", "ratio sandboxed (text) / bare   1.16x  …"
-RATIO = re.compile(r"^(?P<name>.*ratio[^:\d]*?):?\s+(?P<value>\d+\.\d+)x?")
+RATIO = re.compile(r"^(?P<name>.*ratio[^:]*?):?\s+(?P<value>\d+\.\d+)x?")
 
 
 def ratios(output: str) -> dict[str, float]:
