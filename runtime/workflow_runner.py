@@ -16,17 +16,12 @@ from __future__ import annotations
 
 import functools
 from types import CodeType
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from temporalio.converter import SerializationContext
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 from temporalio.worker.workflow_sandbox._runner import _Instance
-
-if TYPE_CHECKING:
-    from temporalio.converter._extstore import StorageDriverStoreContext
-    from temporalio.worker._command_aware_visitor import CommandInfo
-    from temporalio.worker.workflow_sandbox._in_sandbox import InSandbox
 
 
 @functools.lru_cache(maxsize=64)
@@ -42,18 +37,21 @@ class _CompiledInstance(_Instance):
         # exec() takes the code object where the SDK passes the text; the cast keeps the SDK's signature.
         super()._run_code(cast(str, _compiled(code)), **extra_globals)
 
-    def get_serialization_context(self, command_info: CommandInfo | None) -> SerializationContext | None:
-        """The payload's serialization context, from the sandboxed instance without entering the sandbox."""
-        return self._in_sandbox().get_serialization_context(command_info)
+    # The SDK's command info and store context types live in private modules: typed loosely here, on purpose.
 
-    def get_external_store_context(self, command_info: CommandInfo | None) -> StorageDriverStoreContext:
+    def get_serialization_context(self, command_info: Any) -> SerializationContext | None:
+        """The payload's serialization context, from the sandboxed instance without entering the sandbox."""
+        context: SerializationContext | None = self._in_sandbox().get_serialization_context(command_info)
+        return context
+
+    def get_external_store_context(self, command_info: Any) -> Any:
         """The payload's external store context, from the sandboxed instance without entering the sandbox."""
         return self._in_sandbox().get_external_store_context(command_info)
 
-    def _in_sandbox(self) -> InSandbox:
+    def _in_sandbox(self) -> Any:
         # Made by the SDK's instance-creation snippet, in these globals; every module passes through the sandbox,
         # so its answers are the objects the SDK's own lookup inside the sandbox returns.
-        return cast("InSandbox", self.globals_and_locals["__temporal_in_sandbox"])
+        return self.globals_and_locals["__temporal_in_sandbox"]
 
 
 class WorkflowRunner(SandboxedWorkflowRunner):
