@@ -3,24 +3,19 @@ a new event, once) or dismisses it (closed without routing). docs/trust-gate.md 
 
 from __future__ import annotations
 
-import asyncio
-from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from datetime import UTC, datetime
+from typing import Literal
 
 from pydantic import BaseModel, Field
-from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from api.verbs.events import EVENTS_HELP
 from api.verbs.registry import CliArg, CliCommand, Context, Hints, VerbInput, verb
-from api.verbs.reroutes import FAMILY, WAIT_DEFAULT, WAIT_DOC, WAIT_MAX, current_grant, started, temporal_of
+from api.verbs.reroutes import FAMILY, WAIT_DEFAULT, WAIT_DOC, WAIT_MAX, current_grant, route_again
 from api.verbs.rules import history_of
-from routing.delivery import CommitResult
-from routing.reroute import RerouteResult, release_input, release_workflow_id, result_of
+from routing.reroute import RerouteResult, release_input, release_workflow_id
 from routing.trust import Release
 from store.events import Review
-from workflows.reroute import reroute_start
-from workflows.route_delivery import RouteDelivery
 
 
 class ReviewInput(VerbInput):
@@ -107,36 +102,20 @@ async def release_webhook_event(ctx: Context, data: ReleaseEventInput) -> Releas
     settings = ctx.services.settings
     delivery = release_input(original, release, evaluate_queue_seconds=settings.evaluate_queue_seconds)
     workflow_id = release_workflow_id(review.event_id)
-    attrs, summary, details = reroute_start(delivery)
-    handle: WorkflowHandle[Any, CommitResult] = await started(
-        temporal_of(ctx).start_workflow(
-            RouteDelivery.run,
-            delivery,
-            id=workflow_id,
-            task_queue=settings.task_queue,
-            # A run of this release still going is joined; a closed one runs again and finds its event stored.
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            search_attributes=attrs,
-            static_summary=summary,
-            static_details=details,
-            rpc_timeout=timedelta(seconds=settings.temporal_start_timeout_seconds),
-        )
-    )
     answer = ReleaseEventOutput(review=_review_out(review), workflow_id=workflow_id)
-    try:
-        committed = await asyncio.wait_for(handle.result(), timeout=data.wait_seconds)
-    except TimeoutError:
-        answer.pending = True
-        return answer
-    except WorkflowFailureError as exc:
-        answer.result = RerouteResult(
-            event_id=original.id, workflow_id=workflow_id, status="failed", error=str(exc)[:300]
-        )
-        return answer
-    answer.result = result_of(original.id, workflow_id, committed)
-    if committed.event_id and answer.review.release_event_id is None:
-        answer.review.release_event_id = committed.event_id
+    answer.result = await route_again(
+        ctx,
+        delivery,
+        workflow_id,
+        original.id,
+        data.wait_seconds,
+        # A run of this release still going is joined; a closed one runs again and finds its event stored.
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    answer.pending = answer.result is None
+    if answer.result is not None and answer.result.reroute_event_id and answer.review.release_event_id is None:
+        answer.review.release_event_id = answer.result.reroute_event_id
     return answer
 
 

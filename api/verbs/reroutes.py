@@ -33,7 +33,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from api.verbs.events import EVENTS_HELP
 from api.verbs.registry import READ, CliArg, CliCommand, Context, Hints, VerbInput, verb
 from api.verbs.rules import history_of, sandbox_of
-from routing.delivery import CommitResult
+from routing.delivery import CommitResult, DeliveryInput
 from routing.models import EventDisposition, Grant
 from routing.reroute import (
     REROUTE_MAX,
@@ -170,6 +170,44 @@ async def started(start: Any) -> Any:
         raise
 
 
+async def route_again(
+    ctx: Context,
+    delivery: DeliveryInput,
+    workflow_id: str,
+    event_id: str,
+    wait_seconds: float,
+    *,
+    id_reuse_policy: WorkflowIDReusePolicy,
+    id_conflict_policy: WorkflowIDConflictPolicy = WorkflowIDConflictPolicy.UNSPECIFIED,
+) -> RerouteResult | None:
+    """Route a re-routed or released delivery of ``event_id`` through RouteDelivery as ``workflow_id`` and wait up
+    to ``wait_seconds`` for its commit: its result (``failed`` if the run failed), or None while it still runs."""
+    settings = ctx.services.settings
+    attrs, summary, details = reroute_start(delivery)
+    handle: WorkflowHandle[Any, CommitResult] = await started(
+        temporal_of(ctx).start_workflow(
+            RouteDelivery.run,
+            delivery,
+            id=workflow_id,
+            task_queue=settings.task_queue,
+            id_reuse_policy=id_reuse_policy,
+            id_conflict_policy=id_conflict_policy,
+            search_attributes=attrs,
+            static_summary=summary,
+            static_details=details,
+            rpc_timeout=timedelta(seconds=settings.temporal_start_timeout_seconds),
+        )
+    )
+    try:
+        async with asyncio.timeout(wait_seconds):
+            committed = await handle.result()
+    except TimeoutError:
+        return None
+    except WorkflowFailureError as exc:
+        return RerouteResult(event_id=event_id, workflow_id=workflow_id, status="failed", error=str(exc)[:300])
+    return result_of(event_id, workflow_id, committed)
+
+
 async def _owns_reroute(ctx: Context, workflow_id: str) -> bool:
     """Whether the re-route this id would name (workflows/reroute.py) is of the caller's human's events."""
     name = workflow_id.removeprefix("reroute-")
@@ -221,32 +259,16 @@ async def reroute_webhook_event(ctx: Context, data: RerouteEventInput) -> Rerout
     nonce = secrets.token_hex(8)
     delivery = reroute_input(original, nonce, evaluate_queue_seconds=settings.evaluate_queue_seconds)
     workflow_id = reroute_workflow_id(original.id, nonce)
-    attrs, summary, details = reroute_start(delivery)
-    handle: WorkflowHandle[Any, CommitResult] = await started(
-        temporal_of(ctx).start_workflow(
-            RouteDelivery.run,
-            delivery,
-            id=workflow_id,
-            task_queue=settings.task_queue,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            search_attributes=attrs,
-            static_summary=summary,
-            static_details=details,
-            rpc_timeout=timedelta(seconds=settings.temporal_start_timeout_seconds),
-        )
+    result = await route_again(
+        ctx,
+        delivery,
+        workflow_id,
+        original.id,
+        data.wait_seconds,
+        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
     )
-    try:
-        committed = await asyncio.wait_for(handle.result(), timeout=data.wait_seconds)
-    except TimeoutError:
-        return RerouteEventOutput(event_id=original.id, dry_run=False, workflow_id=workflow_id, pending=True)
-    except WorkflowFailureError as exc:
-        failed = RerouteResult(event_id=original.id, workflow_id=workflow_id, status="failed", error=str(exc)[:300])
-        return RerouteEventOutput(event_id=original.id, dry_run=False, workflow_id=workflow_id, result=failed)
     return RerouteEventOutput(
-        event_id=original.id,
-        dry_run=False,
-        workflow_id=workflow_id,
-        result=result_of(original.id, workflow_id, committed),
+        event_id=original.id, dry_run=False, workflow_id=workflow_id, pending=result is None, result=result
     )
 
 

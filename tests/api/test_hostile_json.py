@@ -68,7 +68,7 @@ async def test_stored_hostile_bodies_are_read_back_as_their_exact_text(live_stac
             assert got["payload_encoding"] == "text" and got["payload"] == bodies[name].decode(), name
     listed = await agent.ok("list_webhook_events", {"webhook_id": webhook["webhook_id"]})
     assert {e["id"] for e in listed["events"]} == set(events.values())
-    # Over MCP the same answers arrive (the surrogate one used to be dropped: the client never heard back).
+    # Over MCP the same answers arrive, the surrogate one included.
     async with mcp_session(stack.base_url, agent.credential) as session:
         for name, event_id in events.items():
             got = structured(await session.call_tool("get_webhook_event", {"event_id": event_id}))

@@ -31,8 +31,6 @@ from tests.faults.tally import Outcome
 from tests.signing import sign_github
 
 # --------------------------------------------------------------------------------------------- client bounds
-# Issue 29, findings 3 to 7: clients and their inputs, bounded. Each row runs under the usual load and adds its
-# bound, measured from outside (the answers, /metrics, the API's own log) and checked (`bound_held`).
 
 BOUND = Settings.model_fields
 HEALTH_ADDRESS = "127.0.0.3"  # the orchestrator's health checks come from here, never from a flooding address
