@@ -14,6 +14,7 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -78,7 +79,13 @@ def server_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Confi
     )
 
 
-async def serve(settings: Settings, *, with_worker: bool = True, children: Sequence[Child] = ()) -> str | None:
+async def serve(
+    settings: Settings,
+    *,
+    with_worker: bool = True,
+    children: Sequence[Child] = (),
+    listening: socket.socket | None = None,
+) -> str | None:
     """Run the API until told to stop (Ctrl-C); with_worker also hosts a worker on the same Temporal client, so
     deliveries start eagerly: the first workflow task runs here without a round trip through the matching
     service. That worker is the whole worker role (`worker.running_worker`: its own pool and evaluation sandbox,
@@ -86,15 +93,18 @@ async def serve(settings: Settings, *, with_worker: bool = True, children: Seque
     own pool and the rule verbs' sandbox (runtime/root.py says why).
 
     ``children``: servers this process started; the first to exit stops the API at once, and is returned as a
-    sentence (None: stopped as asked)."""
+    sentence (None: stopped as asked). ``listening``: the API's socket, already bound (else the settings' port)."""
     tracing.install(tracing.API)  # an API process, with or without its worker, traces as the API
     if not with_worker:
-        return await _serve_watching(_server(create_app(settings), settings), children)
+        return await _serve_watching(_server(create_app(settings), settings), children, listening)
     async with running_worker(settings) as workers:
-        return await _serve_watching(_server(create_app(settings, temporal=workers.client), settings), children)
+        app = create_app(settings, temporal=workers.client)
+        return await _serve_watching(_server(app, settings), children, listening)
 
 
-async def _serve_watching(server: uvicorn.Server, children: Sequence[Child]) -> str | None:
+async def _serve_watching(
+    server: uvicorn.Server, children: Sequence[Child], listening: socket.socket | None
+) -> str | None:
     died: str | None = None
 
     async def watch() -> None:
@@ -111,7 +121,7 @@ async def _serve_watching(server: uvicorn.Server, children: Sequence[Child]) -> 
 
     watcher = asyncio.create_task(watch())
     try:
-        await server.serve()
+        await server.serve(sockets=[listening] if listening is not None else None)
     finally:
         watcher.cancel()
     return died
@@ -121,6 +131,12 @@ def _server(app: Any, settings: Settings) -> uvicorn.Server:
     return uvicorn.Server(
         server_config(app, settings, host=settings.http_host, port=settings.http_port, log_level="warning")
     )
+
+
+def api_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on the API's address, for uvicorn to serve on once the app is ready."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=BACKLOG)
 
 
 class Busy(Exception):
@@ -195,6 +211,16 @@ def run_dev(settings: Settings) -> int:
         if refused:
             print(refused, file=sys.stderr)
             return 2
+        # The API's port is held (listening) from here on, so nothing started next can take it between the check
+        # above and the API's start: the Temporal dev server picks free ports for its own internal services.
+        try:
+            listening = stack.enter_context(api_socket(settings.http_host, settings.http_port))
+        except OSError as exc:
+            print(
+                f"switchboard dev: port {settings.http_port} for the API is taken ({exc.strerror}); nothing was started.",
+                file=sys.stderr,
+            )
+            return 2
         children: list[Child] = []
         try:
             if not settings.database_url:
@@ -230,7 +256,7 @@ def run_dev(settings: Settings) -> int:
         applied = migrate(settings.database_url)
         print(banner(settings, ui=ui, pg_note=pg_note, applied=len(applied)), flush=True)
         with contextlib.suppress(KeyboardInterrupt):
-            died = asyncio.run(serve(settings, children=children))
+            died = asyncio.run(serve(settings, children=children, listening=listening))
         print("stopping…", flush=True)
     return 1 if died else 0
 
